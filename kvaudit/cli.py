@@ -1,0 +1,194 @@
+"""The ``kvaudit`` command: parse options, call the core, render, map errors to exit codes.
+
+Exit codes: 0 every audited strategy passed, 1 any failed, 2 bad input, 3 could not measure.
+Neither torch nor vLLM is imported until a command needs them (``kvaudit --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from enum import Enum
+from typing import Any, NoReturn
+
+from kvaudit import __version__
+from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, PRESETS
+from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, UsageError
+
+DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs allocated bytes per layer "
+               "and group, with a verdict. Exit codes: 0 pass, 1 fail, 2 bad input, 3 could not measure.")
+
+
+TABLE_WIDTH = 120
+"""Table width when stdout is not a terminal and COLUMNS is unset."""
+
+
+class Format(str, Enum):
+    """Output formats."""
+
+    table = "table"
+    json = "json"
+
+
+class Detail(str, Enum):
+    """How much of each strategy's audit the table shows."""
+
+    summary = "summary"
+    groups = "groups"
+    layers = "layers"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``UsageError`` (one line, exit 2) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102
+        raise UsageError(message)
+
+
+def _audit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int, help="tensor-parallel size (the preset's, else 1)")
+    p.add_argument("--max-model-len", type=int,
+                   help="the preset's, else the config's max_position_embeddings (as vLLM)")
+    p.add_argument("--dtype", default="auto", help="auto (the config's), bfloat16, float16 or float32")
+    p.add_argument("--util", "--gpu-memory-utilization", dest="util", type=float, default=0.9,
+                   help="gpu_memory_utilization, in (0, 1] (default 0.9, as vLLM)")
+    p.add_argument("--device", help=f"device preset for the memory size ({', '.join(DEVICES)})")
+    p.add_argument("--device-memory", help="device memory, e.g. 80GiB (overrides --device)")
+    p.add_argument("--weights", help="weights per rank (default: computed from the config)")
+    p.add_argument("--overhead", default=str(DEFAULT_OVERHEAD_BYTES),
+                   help="other non-KV memory per rank: activations, non-torch (default 2GiB)")
+    p.add_argument("--kv-cache-memory", help="the KV budget itself, as vLLM's flag (skips the utilization formula)")
+    p.add_argument("--num-blocks", type=int, help="override num_blocks (vLLM's num_gpu_blocks_override): a scaled plan")
+    p.add_argument("--kv-transfer", action="store_true",
+                   help="a KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers")
+    p.add_argument("--strategy", "-s", action="append", default=[],
+                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (repeatable; default: all)")
+    p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
+    p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
+    p.add_argument("--tolerance", type=float, default=0.005, help="relative tolerance on the planned bytes (0.005)")
+    p.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
+                   help="table, or json (stdout holds only the JSON)")
+    p.add_argument("--detail", choices=[d.value for d in Detail], default="layers",
+                   help="table detail: summary, groups, layers (default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: ``audit``, one shortcut per preset, and ``meters``."""
+    parser = _Parser(prog="kvaudit", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"kvaudit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    audit = sub.add_parser("audit", help="audit a config.json (--config) or a preset (--preset)",
+                           description="Audit the KV-cache allocation of a model config under each strategy.")
+    audit.add_argument("--config", help="a config.json, or a model directory holding one")
+    audit.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
+    _audit_options(audit)
+    for name, preset in PRESETS.items():
+        p = sub.add_parser(name, help=f"audit {preset.title} ({preset.description})",
+                           description=f"Audit {preset.title}: TP {preset.tp}, max-model-len "
+                                       f"{preset.max_model_len}, {preset.device}, unless options say otherwise.")
+        _audit_options(p)
+        p.set_defaults(preset=name, config=None)
+    sub.add_parser("meters", help="list every meter with its availability here or the reason it is not",
+                   description="List every meter with its availability here, or the reason it is unavailable."
+                   ).add_argument("--device-index", type=int, default=0, help="which npu/cuda device to probe")
+    return parser
+
+
+def audit_command(a: argparse.Namespace) -> int:
+    """Run the audit the options describe, render it, and return the exit code."""
+    from kvaudit import audit as core
+    from kvaudit.deployment import get_preset, load_preset_spec, make_deployment
+    from kvaudit.meters import select_meter
+    from kvaudit.plan import vllm_version
+    from kvaudit.spec import load_model_spec
+    from kvaudit.strategies import STRATEGIES, get_strategy
+    from kvaudit.units import parse_size
+
+    if (a.config is None) == (a.preset is None):
+        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
+    p = get_preset(a.preset) if a.preset else None
+    spec = load_preset_spec(p) if p else load_model_spec(a.config)
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    strategies = [get_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    size = lambda v, what: parse_size(v, what) if v is not None else None  # noqa: E731
+    dep = make_deployment(
+        spec, tp=a.tp if a.tp is not None else (p.tp if p else 1), gpu_memory_utilization=a.util,
+        max_model_len=a.max_model_len or (p.max_model_len if p else spec.max_position_embeddings),
+        device=a.device or (p.device if p else "atlas-a2-64g"),
+        device_memory_bytes=size(a.device_memory, "--device-memory"), dtype=a.dtype,
+        weights_bytes=size(a.weights, "--weights"),
+        overhead_bytes=parse_size(a.overhead, "--overhead", allow_zero=True),
+        kv_cache_memory_bytes=size(a.kv_cache_memory, "--kv-cache-memory"),
+        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks)
+    meter = select_meter(a.meter, a.device_index)
+    _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
+          f"strategies on the {meter.name} meter")
+    results = core.audit_all(dep, strategies, meter, a.tolerance)
+    code = core.exit_code(results)
+    _render(dep, results, meter.name, vllm_version(), code, Format(a.fmt), Detail(a.detail))
+    return code
+
+
+def meters_command(a: argparse.Namespace) -> int:
+    """Print every meter with its availability or refusal reason."""
+    from kvaudit.meters import meter_table
+
+    for name, ok, text in meter_table(a.device_index):
+        print(f"{name:5} {'available  ' if ok else 'unavailable'}  {text}")
+    return 0
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _render(dep: Any, results: list, meter: str, version: str | None, code: int, fmt: Format,
+            detail: Detail) -> None:
+    from kvaudit import report
+
+    if fmt is Format.json:
+        sys.stdout.write(report.to_json(dep, results, meter, version, code) + "\n")
+    else:
+        from rich.console import Console
+
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH
+        console = Console(highlight=False, soft_wrap=False, width=width)
+        for renderable in report.render_tables(dep, results, meter, version, detail.value):
+            console.print(renderable)
+            console.print()
+    sys.stdout.flush()
+    _note(report.summary_line(results, meter, version))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; every error is one line on stderr."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    commands = {"audit", "meters", *PRESETS}
+    try:
+        if not argv:
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
+        first = argv[0]
+        if not first.startswith("-") and first not in commands:
+            raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
+                             f"commands: audit, meters)")
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
+        return meters_command(args) if args.command == "meters" else audit_command(args)
+    except KvauditError as e:
+        print(f"kvaudit: error: {e.message}", file=sys.stderr)
+        return e.exit_code
+    except SystemExit as e:  # --help and --version exit through argparse
+        return int(e.code or 0)
+    except KeyboardInterrupt:
+        print("kvaudit: interrupted", file=sys.stderr)
+        return 130
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

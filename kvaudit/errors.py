@@ -1,0 +1,51 @@
+"""Typed errors that carry kvaudit's exit code, so the CLI maps them in one place."""
+
+from __future__ import annotations
+
+
+class KvauditError(Exception):
+    """Base error: a one-line message for the user and the exit code that goes with it."""
+
+    exit_code: int = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+    @property
+    def message(self) -> str:
+        """The message as one line."""
+        return str(self)
+
+
+class ConfigError(KvauditError):
+    """A model config, preset or deployment figure that cannot be used (exit 2)."""
+
+    exit_code = 2
+
+
+class UsageError(KvauditError):
+    """An option value that is out of range or unknown (exit 2)."""
+
+    exit_code = 2
+
+
+class MeterUnavailable(KvauditError):
+    """The meter asked for cannot measure on this machine (exit 3)."""
+
+    exit_code = 3
+
+
+class StrategyFailed(KvauditError):
+    """A strategy could not be run to the end for a reason other than a finding (exit 3)."""
+
+    exit_code = 3
+
+
+EXIT_PASS = 0
+"""Every audited strategy allocated what vLLM planned, within tolerance."""
+EXIT_FAIL = 1
+"""At least one audited strategy over- or under-allocated."""
+EXIT_BAD_INPUT = 2
+"""Bad input: config, preset, option, or a deployment that cannot hold one block."""
+EXIT_NOT_MEASURED = 3
+"""The audit could not measure: meter unavailable, host too small, strategy broke."""

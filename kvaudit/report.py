@@ -1,0 +1,261 @@
+"""Render audits: the JSON report (versioned), rich tables for people, and the one-line summary.
+
+Pure formatting over ``results`` and ``deployment`` records; rich is imported only for tables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from kvaudit import __version__
+from kvaudit.deployment import DEVICES, Deployment
+from kvaudit.results import AuditResult, KVPlan, Verdict
+from kvaudit.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+SCHEMA_VERSION = 1
+DETAILS = ("summary", "groups", "layers")
+
+
+def meter_label(meter: str) -> str:
+    """How the meter's figures must be read; a ``meta`` PASS is never a device PASS."""
+    return {
+        "meta": "meta (accounting of the storages requested; no memory allocated, no device measured)",
+        "cpu": "cpu (real host allocations counted by torch.profiler; not a device measurement)",
+        "cuda": "cuda (torch.cuda caching-allocator counters)",
+        "npu": "npu (torch_npu caching-allocator counters)",
+    }.get(meter, meter)
+
+
+def to_dict(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
+            exit_code: int) -> dict[str, Any]:
+    """The JSON report (schema in ``kvaudit/report.schema.json``)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kvaudit_version": __version__,
+        "vllm_version": vllm_version,
+        "meter": meter,
+        "meter_label": meter_label(meter),
+        "model": d.model.name,
+        "deployment": d.to_dict(),
+        "plan": results[0].plan.to_dict() if results else None,
+        "audits": [r.to_dict() for r in results],
+        "exit_code": exit_code,
+    }
+
+
+def to_json(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
+            exit_code: int) -> str:
+    """The JSON report as text."""
+    return json.dumps(to_dict(d, results, meter, vllm_version, exit_code), indent=2)
+
+
+def summary_line(results: list[AuditResult], meter: str, vllm_version: str | None) -> str:
+    """One line for stderr: the overall verdict, the failing strategies, the meter and vLLM."""
+    failed = [r for r in results if r.verdict is Verdict.FAIL]
+    where = f"meter {meter}" + (" (accounting only, not a device measurement)" if meter == "meta" else "")
+    tail = f"{where}; planned by vLLM {vllm_version}"
+    if not failed:
+        return f"kvaudit: PASS: {len(results)} of {len(results)} strategies allocate what vLLM planned; {tail}"
+    worst = ", ".join(f"{r.strategy} {r.ratio:.2f}×" for r in failed)
+    return f"kvaudit: FAIL: {len(failed)} of {len(results)} strategies do not allocate what vLLM planned ({worst}); {tail}"
+
+
+def _split(name: str) -> tuple[str, str]:
+    """``model.layers.28.linear_attn`` -> (``28``, ``linear_attn``)."""
+    m = re.match(r"model\.layers\.(\d+)\.(.+)$", name)
+    return (m.group(1), m.group(2)) if m else (name, "")
+
+
+def short_layer(name: str) -> str:
+    """``model.layers.28.linear_attn`` -> ``28.linear_attn``."""
+    i, kind = _split(name)
+    return f"{i}.{kind}" if kind else i
+
+
+def _layers_text(names: tuple[str, ...] | list[str], limit: int = 4) -> str:
+    """Layer names grouped by kind: ``0, 1, 2 linear_attn · 3 self_attn.attn``."""
+    by_kind: dict[str, list[str]] = {}
+    for n in names:
+        i, kind = _split(n)
+        by_kind.setdefault(kind, []).append(i)
+    parts = []
+    for kind, ids in by_kind.items():
+        text = ", ".join(ids) if len(ids) <= limit else f"{', '.join(ids[:3])}, …, {ids[-1]} ({len(ids)})"
+        parts.append(f"{text} {kind}".strip())
+    return " · ".join(parts)
+
+
+def _ids(names: tuple[str, ...]) -> str:
+    return ", ".join(_split(n)[0] for n in names) or "—"
+
+
+def _structure(plan: KVPlan) -> str:
+    sizes = sorted({len(g.layer_names) for g in plan.groups})
+    sharers = sorted({len(t.shared_by) for t in plan.tensors})
+    return (f"{len(plan.groups)} groups of {'/'.join(map(str, sizes))} layers; {len(plan.tensors)} planned tensors, "
+            f"each shared by {'/'.join(map(str, sharers))} layers; vLLM's plan format: {plan.plan_format}")
+
+
+def _ratio(allocated: int, expected: int) -> str:
+    return f"{allocated / expected:.2f}×" if expected else "—"
+
+
+def _verdict(v: Verdict) -> str:
+    return f"[bold green]{v.value}[/]" if v is Verdict.PASS else f"[bold red]{v.value}[/]"
+
+
+def _oom_text(r: AuditResult) -> str:
+    if r.oom is None:
+        return "—"
+    o = r.oom
+    where = f"tensor {o.tensor}" if o.tensor is not None else "an unplanned storage"
+    return f"alloc {o.allocation}/{r.allocations}, {where}"
+
+
+def _plans(results: list[AuditResult]) -> list[tuple[KVPlan, list[str]]]:
+    seen: dict[int, tuple[KVPlan, list[str]]] = {}
+    for r in results:
+        seen.setdefault(id(r.plan), (r.plan, []))[1].append(r.strategy)
+    return list(seen.values())
+
+
+def render_tables(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
+                  detail: str = "layers") -> list["RenderableType"]:
+    """Everything a person reads, top to bottom: deployment, plans, per-strategy detail, summary."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = [Text.from_markup(
+        f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · meter: [bold]{meter_label(meter)}[/]")]
+
+    dep = Table(title="Deployment (one rank)", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    dep.add_column(style="bold")
+    dep.add_column()
+    m = d.model
+    dev = DEVICES.get(d.device)
+    dep.add_row("model", f"{m.name} ({m.model_type}, {len(m.layers)} layers) · TP {d.tp} · {d.dtype} · "
+                         f"max-model-len {d.max_model_len}")
+    dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
+                                 + (f", {dev.title}" if dev else ", --device-memory") + ")")
+    dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
+                                          f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))}")
+    dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({d.weights_source})")
+    dep.add_row("other non-KV memory", f"{fmt_bytes(d.overhead_bytes)} (activations and non-torch "
+                                       "allocations: an allowance, set with --overhead)")
+    budget = ("--kv-cache-memory" if d.kv_cache_memory_bytes is not None
+              else "device memory × utilization − weights − other")
+    dep.add_row("KV budget", f"[bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B = {budget})")
+    extras = []
+    if d.kv_transfer:
+        extras.append("--kv-transfer: vllm-ascend's 2 MiB-aligned buffers")
+    if d.num_blocks_override is not None:
+        extras.append(f"--num-blocks {d.num_blocks_override}: a scaled plan")
+    if extras:
+        dep.add_row("options", "; ".join(extras))
+    out.append(dep)
+
+    plans = _plans(results)
+    base = plans[0][0]
+    pt = Table(title=f"Plans by vLLM {vllm_version}'s get_kv_cache_configs, one per platform block-size rule",
+               title_justify="left", caption=_structure(base), caption_justify="left")
+    for col in ("platform rule", "strategies", "block size", "page size", "num_blocks", "planned bytes"):
+        pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
+    for plan, names in plans:
+        pages = sorted({g.page_size_bytes for g in plan.groups})
+        pt.add_row(plan.platform, ", ".join(names), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
+                   f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
+    out.append(pt)
+
+    gt = Table(title="KV-cache groups (the same in every plan)", title_justify="left")
+    gt.add_column("group", justify="right")
+    gt.add_column("spec")
+    gt.add_column("layers")
+    for g in base.groups:
+        gt.add_row(str(g.index), g.spec_type, _layers_text(g.layer_names, limit=8))
+    out.append(gt)
+    tt = Table(title="Planned tensors and the layers that share each one (size in each plan)", title_justify="left")
+    tt.add_column("tensor", justify="right")
+    tt.add_column("shared by")
+    for plan, _ in plans:
+        tt.add_column(plan.platform, justify="right")
+    for i, t in enumerate(base.tensors):
+        tt.add_row(str(i), _layers_text(t.shared_by),
+                   *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
+    out.append(tt)
+
+    if detail != "summary":
+        for r in results:
+            out.extend(_strategy_detail(r, detail))
+    out.append(_summary_table(results, meter))
+    notes = [f"[bold]{r.strategy}[/]: {reason}" for r in results for reason in r.reasons]
+    notes += [_oom_note(r, d) for r in results if r.oom is not None]
+    if notes:
+        out.append(Text.from_markup("\n".join("• " + n for n in notes)))
+    return out
+
+
+def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
+    from rich.table import Table
+
+    title = (f"{r.strategy} ({r.strategy_releases}: {r.strategy_title}) · plan {r.plan.platform}, block "
+             f"{r.plan.block_size}, {r.plan.num_blocks:,} blocks · {r.verdict.value} {r.ratio:.2f}×")
+    gt = Table(title=title, title_justify="left")
+    for col in ("group", "spec", "layers", "expected", "allocated", "ratio"):
+        gt.add_column(col, justify="left" if col == "spec" else "right")
+    for g in r.groups:
+        gt.add_row(str(g.group), g.spec, str(g.layers), fmt_bytes(g.expected), fmt_bytes(g.allocated),
+                   _ratio(g.allocated, g.expected))
+    tt = Table(show_edge=True)
+    for col in ("tensor", "storages", "expected", "allocated", "ratio", "padding", "planned to be shared by"):
+        tt.add_column(col, justify="left" if col.startswith("planned") else "right")
+    for t in r.tensors:
+        tt.add_row(str(t.tensor), str(t.storages), fmt_bytes(t.expected), fmt_bytes(t.allocated),
+                   _ratio(t.allocated, t.expected), fmt_bytes(t.padding) if t.padding else "—",
+                   _layers_text(t.shared_by))
+    out: list[Any] = [gt, tt]
+    if detail == "layers":
+        lt = Table()
+        for col in ("layer", "group", "spec", "expected", "allocated", "ratio", "shares memory with",
+                    "planned to share with"):
+            lt.add_column(col, justify="right" if col in ("group", "expected", "allocated", "ratio") else "left")
+        for row in r.layers:
+            shares = _ids(row.shares_with)
+            if set(row.shares_with) != set(row.planned_shares_with):
+                shares = f"[bold red]{shares}[/]"
+            lt.add_row(short_layer(row.layer), str(row.group), row.spec, fmt_bytes(row.expected),
+                       fmt_bytes(row.allocated), _ratio(row.allocated, row.expected), shares,
+                       _ids(row.planned_shares_with))
+        out.append(lt)
+    return out
+
+
+def _summary_table(results: list[AuditResult], meter: str) -> Any:
+    from rich.table import Table
+
+    asked = results[0].requested_utilization if results else 0
+    t = Table(title=f"Audit per strategy (projected device utilization vs the {asked} asked) · meter "
+                    f"{meter_label(meter)}", title_justify="left")
+    for col in ("strategy", "release", "expected", "allocated", "ratio", "util", "device OOM", "verdict"):
+        t.add_column(col, justify="right" if col in ("expected", "allocated", "ratio", "util") else "left",
+                     no_wrap=col != "device OOM")
+    for r in results:
+        t.add_row(r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes),
+                  fmt_bytes(r.allocated_bytes), _ratio(r.allocated_bytes, r.expected_bytes),
+                  f"{r.projected_utilization:.3f}", _oom_text(r), _verdict(r.verdict))
+    return t
+
+
+def _oom_note(r: AuditResult, d: Deployment) -> str:
+    o = r.oom
+    assert o is not None
+    layers = ", ".join(o.layers) if o.layers else "no layer"
+    where = f"tensor {o.tensor} ({layers})" if o.tensor is not None else layers
+    return (f"[bold]{r.strategy}[/] would run out of memory on a {fmt_bytes(d.device_memory_bytes)} device at "
+            f"allocation {o.allocation} of {r.allocations}: {fmt_bytes(o.request_bytes)} for {where}, with "
+            f"{fmt_bytes(o.allocated_before_bytes)} of KV cache already allocated and "
+            f"{fmt_bytes(o.free_bytes)} left after {fmt_bytes(d.non_kv_bytes)} of non-KV memory")

@@ -1,0 +1,251 @@
+"""Frozen records of a plan and of an audit, with the verdict; imports neither torch nor rich."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Verdict(str, Enum):
+    """An audit's outcome: the allocation matched the plan within tolerance, or it did not."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One KV-cache group of vLLM's plan (``KVCacheGroupSpec``)."""
+
+    index: int
+    spec_type: str
+    """``FullAttentionSpec``, ``MambaSpec``, ..."""
+    block_size: int
+    page_size_bytes: int
+    layer_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """A planned tensor region and the layers that share it, as ``KVCacheTensor(size, shared_by)``.
+
+    vLLM up to 0.28 plans these directly. From 0.29 one backing allocation holds every layer at
+    ``offset + l·layer_stride``; the layers whose byte ranges coincide form one region here, which
+    is the ``shared_by`` view every vllm-ascend release allocates from.
+    """
+
+    size: int
+    shared_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """vLLM's ``KVCacheConfig`` for one platform rule, in kvaudit's terms."""
+
+    vllm_version: str
+    platform: str
+    """The block-size rule that shaped the specs (``cuda``, ``ascend-align128``, ``ascend-contiguous``)."""
+    block_size: int
+    num_blocks: int
+    kv_budget_bytes: int
+    """``available_memory`` given to the planner."""
+    plan_format: str
+    """``shared_by`` (vLLM <= 0.28) or ``layers`` (0.29+, one backing allocation)."""
+    planned_bytes: int
+    """Bytes vLLM plans to allocate: each shared tensor counted once."""
+    groups: tuple[GroupPlan, ...]
+    tensors: tuple[TensorPlan, ...]
+    layer_specs: dict[str, str] = field(compare=False)
+    """Layer name -> spec type name."""
+    kv_cache_config: Any = field(default=None, repr=False, compare=False)
+    """The vLLM ``KVCacheConfig`` object itself."""
+    vllm_config: Any = field(default=None, repr=False, compare=False)
+    """The vLLM config it was planned with (the layout lives in its cache config)."""
+
+    def group_of(self, layer: str) -> GroupPlan:
+        """The group that holds ``layer``."""
+        for g in self.groups:
+            if layer in g.layer_names:
+                return g
+        raise KeyError(layer)
+
+    def tensor_of(self, layer: str) -> int:
+        """Index of the planned tensor region that holds ``layer``."""
+        for i, t in enumerate(self.tensors):
+            if layer in t.shared_by:
+                return i
+        raise KeyError(layer)
+
+    def planned_share(self, layer: str) -> float:
+        """The layer's share of its region: region size / number of layers planned to share it."""
+        t = self.tensors[self.tensor_of(layer)]
+        return t.size / len(t.shared_by)
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {
+            "vllm_version": self.vllm_version, "platform": self.platform, "block_size": self.block_size,
+            "num_blocks": self.num_blocks, "kv_budget_bytes": self.kv_budget_bytes,
+            "plan_format": self.plan_format, "planned_bytes": self.planned_bytes,
+            "groups": [{"index": g.index, "spec": g.spec_type, "block_size": g.block_size,
+                        "page_size_bytes": g.page_size_bytes, "layers": list(g.layer_names)}
+                       for g in self.groups],
+            "tensors": [{"index": i, "size_bytes": t.size, "shared_by": list(t.shared_by)}
+                        for i, t in enumerate(self.tensors)],
+        }
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What a meter saw across one strategy run, relative to the start of the run."""
+
+    allocated: int
+    """Bytes still allocated when the strategy returned (allocator-level, or storages on meta)."""
+    peak: int
+    """Highest allocated bytes during the run."""
+    reserved: int | None = None
+    """Bytes the caching allocator reserved from the device, where the meter has it."""
+    requested: int | None = None
+    """Bytes the code asked for, before allocator rounding, where the meter has it."""
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer: its planned share against the bytes attributed to it."""
+
+    layer: str
+    group: int
+    spec: str
+    tensor: int
+    """Index of the planned tensor region."""
+    expected: int
+    """Planned share: region size / layers planned to share it."""
+    allocated: int
+    """Attributed bytes: each storage byte split among the layers whose views cover it."""
+    storages: int
+    """Distinct storages the layer's tensors live in."""
+    shares_with: tuple[str, ...]
+    """Layers whose views overlap this layer's bytes."""
+    planned_shares_with: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One KV-cache group: sum of its layers' planned shares against their attributed bytes."""
+
+    group: int
+    spec: str
+    layers: int
+    expected: int
+    allocated: int
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One planned tensor region: its size against the bytes attributed to its layers."""
+
+    tensor: int
+    expected: int
+    allocated: int
+    storages: int
+    """Distinct storages its layers were given (1 is what vLLM plans)."""
+    padding: int
+    """Bytes of those storages that no layer view covers (alignment padding)."""
+    shared_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OomPoint:
+    """Where a device of the deployment's size would run out of memory during the strategy."""
+
+    allocation: int
+    """1-based index of the failing allocation, in allocation order."""
+    request_bytes: int
+    allocated_before_bytes: int
+    """KV bytes the strategy already held when the allocation failed."""
+    free_bytes: int
+    """Device memory left for the KV cache: device memory − non-KV memory."""
+    tensor: int | None
+    """Planned tensor region of the layers that got the failing storage."""
+    layers: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"allocation": self.allocation, "request_bytes": self.request_bytes,
+                "allocated_before_bytes": self.allocated_before_bytes, "free_bytes": self.free_bytes,
+                "tensor": self.tensor, "layers": list(self.layers)}
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One strategy run under one meter against one plan, with its verdict."""
+
+    strategy: str
+    strategy_title: str
+    strategy_releases: str
+    meter: str
+    plan: KVPlan = field(repr=False)
+    expected_bytes: int
+    allocated_bytes: int
+    """As the meter measured it."""
+    attributed_bytes: int
+    """Bytes of the storages that the layers' tensors live in."""
+    padding_bytes: int
+    allocations: int
+    """Storages the strategy created (``torch.zeros`` calls and the like)."""
+    tolerance_bytes: int
+    """Allowed excess: alignment allowance + relative tolerance × expected."""
+    alignment_allowance_bytes: int
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    reading: MemoryReading
+    projected_bytes: int
+    """Non-KV memory plus the allocated KV cache."""
+    projected_utilization: float
+    requested_utilization: float
+    oom: OomPoint | None
+    groups: tuple[GroupRow, ...]
+    tensors: tuple[TensorRow, ...]
+    layers: tuple[LayerRow, ...]
+
+    @property
+    def ratio(self) -> float:
+        """Allocated over expected bytes."""
+        return self.allocated_bytes / self.expected_bytes if self.expected_bytes else float("inf")
+
+    @property
+    def unattributed_bytes(self) -> int:
+        """Bytes the meter saw that no layer's tensors live in."""
+        return self.allocated_bytes - self.attributed_bytes
+
+    def to_dict(self) -> dict:
+        """JSON form (the ``audits[]`` entry of the report)."""
+        return {
+            "strategy": self.strategy, "title": self.strategy_title, "releases": self.strategy_releases,
+            "meter": self.meter,
+            "platform": self.plan.platform, "block_size": self.plan.block_size,
+            "num_blocks": self.plan.num_blocks,
+            "expected_bytes": self.expected_bytes, "allocated_bytes": self.allocated_bytes,
+            "ratio": round(self.ratio, 6), "verdict": self.verdict.value, "reasons": list(self.reasons),
+            "attributed_bytes": self.attributed_bytes, "unattributed_bytes": self.unattributed_bytes,
+            "padding_bytes": self.padding_bytes, "allocations": self.allocations,
+            "tolerance_bytes": self.tolerance_bytes,
+            "alignment_allowance_bytes": self.alignment_allowance_bytes,
+            "reading": {"allocated": self.reading.allocated, "peak": self.reading.peak,
+                        "reserved": self.reading.reserved, "requested": self.reading.requested},
+            "projected_bytes": self.projected_bytes,
+            "projected_utilization": round(self.projected_utilization, 6),
+            "requested_utilization": self.requested_utilization,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "plan": self.plan.to_dict(),
+            "groups": [{"group": g.group, "spec": g.spec, "layers": g.layers, "expected_bytes": g.expected,
+                        "allocated_bytes": g.allocated} for g in self.groups],
+            "tensors": [{"tensor": t.tensor, "expected_bytes": t.expected, "allocated_bytes": t.allocated,
+                         "storages": t.storages, "padding_bytes": t.padding, "shared_by": list(t.shared_by)}
+                        for t in self.tensors],
+            "layers": [{"layer": r.layer, "group": r.group, "spec": r.spec, "tensor": r.tensor,
+                        "expected_bytes": r.expected, "allocated_bytes": r.allocated,
+                        "storages": r.storages, "shares_with": list(r.shares_with),
+                        "planned_shares_with": list(r.planned_shares_with)} for r in self.layers],
+        }

@@ -1,0 +1,167 @@
+"""KV-cache allocation strategies: upstream vLLM's and each vllm-ascend release's, restated faithfully.
+
+A strategy takes a ``KVPlan`` and a torch device and returns what the model runner's
+``_allocate_kv_cache_tensors`` returns: layer name -> raw int8 tensor, or ``(k, v)`` for an
+attention layer that got separate K and V buffers. The algorithms follow
+``shared/design/allocation-reference.md`` (§1 buggy, §2 PR #3760, §3 PR #6887, §4 upstream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+from kvaudit.errors import UsageError
+from kvaudit.results import KVPlan
+
+if TYPE_CHECKING:
+    import torch
+
+RawTensors = dict[str, Union["torch.Tensor", tuple["torch.Tensor", ...]]]
+ALIGNMENT = 2 * 1024 * 1024
+"""vllm-ascend's P/D (KV transfer) buffer alignment, ``alignment = 2 * 1024 * 1024``."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named allocation algorithm and the platform rule its plans are made with."""
+
+    name: str
+    title: str
+    platform: str
+    """Key of ``kvaudit.plan.PLATFORMS``: the block-size rule of the release this strategy models."""
+    releases: str
+    allocate: Callable[[KVPlan, Any, bool], RawTensors]
+    """``allocate(plan, device, kv_transfer)``."""
+
+
+def _zeros(n: int, device: Any) -> "torch.Tensor":
+    import torch
+
+    return torch.zeros(n, dtype=torch.int8, device=device)
+
+
+def _ascend_buffer(n: int, device: Any, kv_transfer: bool) -> "torch.Tensor":
+    """vllm-ascend's buffer: plain ``zeros(n)``; with KV transfer ``zeros(n + 2 MiB)`` cut at a
+    2 MiB-aligned address to ``n`` bytes (``_align_memory``), which keeps ``n + 2 MiB`` alive."""
+    if not kv_transfer:
+        return _zeros(n, device)
+    raw = _zeros(n + ALIGNMENT, device)
+    ptr = raw.data_ptr()
+    offset = (ptr + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT - ptr
+    return raw[offset:][:n]
+
+
+def _is_linear(name: str) -> bool:
+    return "linear_attn" in name
+
+
+def _is_softmax_attn(name: str) -> bool:
+    return "attn" in name and "linear_attn" not in name
+
+
+def allocate_per_planned_tensor(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+    """Upstream vLLM 0.11-0.28 ``_allocate_kv_cache_tensors``: one ``zeros(size)`` per planned
+    tensor, mapped to every layer in its ``shared_by``."""
+    raw: RawTensors = {}
+    for t in plan.tensors:
+        buf = _zeros(t.size, device)
+        for name in t.shared_by:
+            raw[name] = buf
+    return raw
+
+
+def allocate_vllm(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+    """Upstream vLLM: the installed vLLM's own ``allocate_kv_cache`` for 0.29+ plans (one backing
+    allocation); the per-tensor loop of 0.11-0.28 for ``shared_by`` plans. No KV-transfer padding."""
+    if plan.plan_format == "layers":
+        from kvaudit.plan import load_vllm
+
+        v = load_vllm()
+        layout = plan.vllm_config.cache_config.get_resolved_kv_cache_layout()
+        return v.worker_utils.allocate_kv_cache(plan.kv_cache_config, device, layout)
+    return allocate_per_planned_tensor(plan, device)
+
+
+def allocate_ascend_0_11(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+    """vllm-ascend up to v0.11.0 (before PR #3760): every layer of a shared tensor gets its own
+    buffer; attention gets K and V halves, each linear-attention layer a full-size buffer."""
+    raw: RawTensors = {}
+    for t in plan.tensors:
+        for name in t.shared_by:
+            if _is_linear(name):
+                for inner in t.shared_by:
+                    if _is_softmax_attn(inner) or inner in raw:
+                        continue
+                    raw[inner] = _ascend_buffer(t.size, device, kv_transfer)
+            elif "attn" in name:  # no "already allocated" guard in this release
+                raw[name] = (_ascend_buffer(t.size // 2, device, kv_transfer),
+                             _ascend_buffer(t.size // 2, device, kv_transfer))
+    return raw
+
+
+def allocate_ascend_0_12(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+    """vllm-ascend v0.12.0rc1 .. v0.15 (PR #3760): the linear-attention layers of a tensor share one
+    buffer, the attention layers share one K/V pair, but the two do not alias each other."""
+    raw: RawTensors = {}
+    for t in plan.tensors:
+        for name in t.shared_by:
+            if _is_linear(name) and name not in raw:
+                buf = _ascend_buffer(t.size, device, kv_transfer)
+                for inner in t.shared_by:
+                    if _is_linear(inner):
+                        raw[inner] = buf
+            elif "attn" in name and name not in raw:
+                kv = (_ascend_buffer(t.size // 2, device, kv_transfer),
+                      _ascend_buffer(t.size // 2, device, kv_transfer))
+                for inner in t.shared_by:
+                    if _is_softmax_attn(inner):
+                        raw[inner] = kv
+    return raw
+
+
+def allocate_ascend_0_16(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+    """vllm-ascend v0.16.0rc1 on (PR #6887): one buffer per tensor that holds a mamba layer, or
+    once any tensor mixed attention and mamba, shared by every layer of the tensor; K/V halves
+    only for attention-only tensors seen before any hybrid one."""
+    raw: RawTensors = {}
+    hybrid_with_attn_and_mamba = False
+    for t in plan.tensors:
+        kinds = [plan.layer_specs[name] for name in t.shared_by]
+        use_mamba = any("Mamba" in k for k in kinds)
+        use_attn = any("Attention" in k for k in kinds)
+        hybrid_with_attn_and_mamba |= use_mamba and use_attn
+        for name in t.shared_by:
+            if name in raw:
+                continue
+            if _is_linear(name) or hybrid_with_attn_and_mamba:
+                buf = _ascend_buffer(t.size, device, kv_transfer)
+                for inner in t.shared_by:
+                    raw[inner] = buf
+            elif "attn" in name and not use_mamba:
+                kv = (_ascend_buffer(t.size // 2, device, kv_transfer),
+                      _ascend_buffer(t.size // 2, device, kv_transfer))
+                for inner in t.shared_by:
+                    if _is_softmax_attn(inner):
+                        raw[inner] = kv
+    return raw
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "vllm": Strategy("vllm", "the installed vLLM's allocate_kv_cache", "cuda", "vLLM (upstream)",
+                     allocate_vllm),
+    "ascend-0.11": Strategy("ascend-0.11", "before PR #3760", "ascend-align128",
+                            "vllm-ascend ≤ 0.11.0", allocate_ascend_0_11),
+    "ascend-0.12": Strategy("ascend-0.12", "PR #3760", "ascend-align128",
+                            "vllm-ascend 0.12–0.15", allocate_ascend_0_12),
+    "ascend-0.16": Strategy("ascend-0.16", "PR #6887 contiguous layout", "ascend-contiguous",
+                            "vllm-ascend ≥ 0.16", allocate_ascend_0_16),
+}
+
+
+def get_strategy(name: str) -> Strategy:
+    """Look a strategy up by name; an unknown name is a usage error."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
