@@ -97,8 +97,13 @@ def _ids(names: tuple[str, ...]) -> str:
 def _structure(plan: KVPlan) -> str:
     sizes = sorted({len(g.layer_names) for g in plan.groups})
     sharers = sorted({len(t.shared_by) for t in plan.tensors})
-    return (f"{len(plan.groups)} groups of {'/'.join(map(str, sizes))} layers; {len(plan.tensors)} planned tensors, "
-            f"each shared by {'/'.join(map(str, sharers))} layers; vLLM's plan format: {plan.plan_format}")
+    return (f"{_n(len(plan.groups), 'group')} of {'/'.join(map(str, sizes))} layers; "
+            f"{_n(len(plan.tensors), 'planned tensor')}, each shared by {'/'.join(map(str, sharers))} "
+            f"layer{'s' if sharers != [1] else ''}; vLLM's plan format: {plan.plan_format}")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _ratio(allocated: int, expected: int) -> str:
@@ -171,6 +176,10 @@ def render_tables(d: Deployment, results: list[AuditResult], meter: str, vllm_ve
                    f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
     out.append(pt)
 
+    if detail == "summary":
+        out.append(_summary_table(results, meter))
+        out.extend(_notes(results, d))
+        return out
     gt = Table(title="KV-cache groups (the same in every plan)", title_justify="left")
     gt.add_column("group", justify="right")
     gt.add_column("spec")
@@ -188,15 +197,19 @@ def render_tables(d: Deployment, results: list[AuditResult], meter: str, vllm_ve
                    *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
     out.append(tt)
 
-    if detail != "summary":
-        for r in results:
-            out.extend(_strategy_detail(r, detail))
+    for r in results:
+        out.extend(_strategy_detail(r, detail))
     out.append(_summary_table(results, meter))
+    out.extend(_notes(results, d))
+    return out
+
+
+def _notes(results: list[AuditResult], d: Deployment) -> list[Any]:
+    from rich.text import Text
+
     notes = [f"[bold]{r.strategy}[/]: {reason}" for r in results for reason in r.reasons]
     notes += [_oom_note(r, d) for r in results if r.oom is not None]
-    if notes:
-        out.append(Text.from_markup("\n".join("• " + n for n in notes)))
-    return out
+    return [Text.from_markup("\n".join("• " + n for n in notes))] if notes else []
 
 
 def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:

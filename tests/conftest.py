@@ -1,0 +1,92 @@
+"""Shared fixtures: deployments and vLLM plans built once per session, a scripted meter, and the
+fake ``torch.npu`` / ``torch.cuda`` memory API."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+from kvaudit.deployment import PRESETS, load_preset_spec, make_deployment  # noqa: E402
+from kvaudit.results import MemoryReading  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "fixtures" / "golden"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite fixtures/golden from this run")
+
+
+def pytest_runtest_setup(item):
+    """Tests marked ``cuda`` or ``npu`` skip themselves where that meter's probe refuses."""
+    from kvaudit.meters import make_meter
+
+    for name in ("cuda", "npu"):
+        if item.get_closest_marker(name):
+            reason = make_meter(name).probe()
+            if reason is not None:
+                pytest.skip(f"no {name} device: {reason}")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+def deployment(preset: str = "qwen3-next", **kw):
+    p = PRESETS[preset]
+    args = dict(tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7, device=p.device)
+    args.update(kw)
+    return make_deployment(load_preset_spec(p), **args)
+
+
+_PLANS: dict = {}
+
+
+def plan_for(d, platform: str):
+    """vLLM's plan for a deployment, cached for the session (planning is deterministic)."""
+    from kvaudit.plan import build_plan
+
+    key = (d.model.name, d.tp, d.max_model_len, d.kv_budget_bytes, d.num_blocks_override, platform)
+    if key not in _PLANS:
+        _PLANS[key] = build_plan(d, platform)
+    return _PLANS[key]
+
+
+class FakeMeter:
+    """A real ``Meter`` whose readings are scripted: audit logic without any device."""
+
+    kind = "accounting"
+
+    def __init__(self, allocated: int, peak: int | None = None, name: str = "fake"):
+        self.name = name
+        self._reading = MemoryReading(allocated=allocated, peak=peak if peak is not None else allocated)
+        self.calls: list[str] = []
+
+    def probe(self):
+        return None
+
+    def device(self):
+        import torch
+
+        return torch.device("meta")
+
+    def describe(self):
+        return "fake: scripted readings"
+
+    def free_bytes(self):
+        return None
+
+    def start(self):
+        self.calls.append("start")
+
+    def stop(self):
+        self.calls.append("stop")
+        return self._reading
+
+    def release(self):
+        self.calls.append("release")

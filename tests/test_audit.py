@@ -1,0 +1,108 @@
+"""The verdict, with scripted readings: exact, over, under, within tolerance, the alignment
+allowance, a layer with no memory; and the out-of-memory projection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvaudit.audit import audit_all, exit_code, run_audit
+from kvaudit.errors import StrategyFailed
+from kvaudit.meters import MetaMeter
+from kvaudit.results import Verdict
+from kvaudit.strategies import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
+from conftest import FakeMeter, deployment, plan_for
+
+UPSTREAM = STRATEGIES["vllm"]
+
+
+def _run(allocated, tolerance=0.005, **kw):
+    d = deployment(**kw)
+    plan = plan_for(d, "cuda")
+    meter = FakeMeter(allocated(plan.planned_bytes))
+    r = run_audit(d, plan, UPSTREAM, meter, tolerance)
+    assert meter.calls == ["start", "stop", "release"]
+    return r
+
+
+def test_exact_is_pass():
+    r = _run(lambda e: e)
+    assert r.verdict is Verdict.PASS and r.reasons == () and r.ratio == 1.0
+
+
+def test_within_tolerance_is_pass():
+    assert _run(lambda e: int(e * 1.004)).verdict is Verdict.PASS
+    assert _run(lambda e: int(e * 0.996)).verdict is Verdict.PASS
+
+
+def test_over_allocation_fails_and_says_by_how_much():
+    r = _run(lambda e: int(e * 1.01))
+    assert r.verdict is Verdict.FAIL and "1.01×" in r.reasons[0] and "over a tolerance" in r.reasons[0]
+
+
+def test_under_allocation_fails():
+    r = _run(lambda e: int(e * 0.98))
+    assert r.verdict is Verdict.FAIL and "less than the planned" in r.reasons[0]
+
+
+def test_zero_tolerance_is_exact():
+    assert _run(lambda e: e + 1, tolerance=0.0).verdict is Verdict.FAIL
+    assert _run(lambda e: e, tolerance=0.0).verdict is Verdict.PASS
+
+
+def test_kv_transfer_allows_one_alignment_unit_per_planned_tensor():
+    assert _run(lambda e: e + 12 * ALIGNMENT, tolerance=0.0, kv_transfer=True).verdict is Verdict.PASS
+    assert _run(lambda e: e + 12 * ALIGNMENT + 1, tolerance=0.0, kv_transfer=True).verdict is Verdict.FAIL
+    assert _run(lambda e: e + 12 * ALIGNMENT, tolerance=0.0).verdict is Verdict.FAIL
+
+
+def test_a_layer_with_no_memory_fails_even_when_bytes_match():
+    d = deployment()
+    plan = plan_for(d, "cuda")
+
+    def skip_one(plan, device, kv_transfer):
+        raw = allocate_per_planned_tensor(plan, device)
+        raw.pop("model.layers.3.self_attn.attn")
+        return raw
+
+    s = Strategy("skip", "drops a layer", "cuda", "test", skip_one)
+    r = run_audit(d, plan, s, MetaMeter())
+    assert r.verdict is Verdict.FAIL and any("got no memory" in x for x in r.reasons)
+
+
+def test_a_strategy_that_raises_is_could_not_measure():
+    def broken(plan, device, kv_transfer):
+        raise TypeError("unexpected keyword 'kernel_block_sizes'")
+
+    d = deployment()
+    with pytest.raises(StrategyFailed, match="kernel_block_sizes") as e:
+        run_audit(d, plan_for(d, "cuda"), Strategy("broken", "", "cuda", "", broken), MetaMeter())
+    assert e.value.exit_code == 3
+
+
+def test_projection_at_0_7_fits_and_at_0_9_the_buggy_release_runs_out():
+    # issue #3368: 0.7 used far more than 0.7 of the NPU; 0.9 ran out of memory
+    fits = {r.strategy: r for r in audit_all(deployment(), list(STRATEGIES.values()), MetaMeter())}
+    assert fits["ascend-0.11"].oom is None and 0.8 < fits["ascend-0.11"].projected_utilization < 0.95
+    assert fits["vllm"].projected_utilization == pytest.approx(0.7, abs=0.001)
+    over = {r.strategy: r for r in audit_all(deployment(gpu_memory_utilization=0.9), list(STRATEGIES.values()),
+                                             MetaMeter())}
+    oom = over["ascend-0.11"].oom
+    assert oom is not None and over["ascend-0.16"].oom is None and over["vllm"].oom is None
+    assert oom.allocated_before_bytes <= oom.free_bytes < oom.allocated_before_bytes + oom.request_bytes
+    assert oom.layers and oom.tensor == over["ascend-0.11"].plan.tensor_of(oom.layers[0])
+    assert exit_code(list(over.values())) == 1 and exit_code([over["vllm"]]) == 0
+
+
+def test_rows_add_up_to_the_totals():
+    r = run_audit(deployment(), plan_for(deployment(), "ascend-align128"), STRATEGIES["ascend-0.12"], MetaMeter())
+    assert sum(t.allocated for t in r.tensors) == pytest.approx(r.allocated_bytes, abs=len(r.tensors))
+    assert sum(g.allocated for g in r.groups) == pytest.approx(r.allocated_bytes, abs=len(r.groups))
+    assert sum(g.expected for g in r.groups) == pytest.approx(r.expected_bytes, abs=len(r.layers))
+    assert all(t.storages == 3 for t in r.tensors)
+
+
+def test_meta_audit_uses_no_memory():
+    r = run_audit(deployment(), plan_for(deployment(), "ascend-align128"), STRATEGIES["ascend-0.11"], MetaMeter())
+    assert r.allocated_bytes > 10 << 30 and r.meter == "meta"
+    assert torch.zeros(1).device.type == "cpu"

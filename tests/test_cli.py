@@ -1,0 +1,120 @@
+"""The command line: every exit code, one-line errors without tracebacks, stdout/stderr split."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvaudit import meters
+from kvaudit.cli import main
+from conftest import ROOT
+
+QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct"
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_exit_0_when_every_strategy_passes(capsys):
+    code, out, err = _run(["qwen3-next", "--util", "0.7", "-s", "vllm", "-s", "ascend-0.16", "--detail",
+                           "summary"], capsys)
+    assert code == 0 and "PASS" in out and err.strip().splitlines()[-1].startswith("kvaudit: PASS")
+
+
+def test_exit_1_when_any_strategy_fails(capsys):
+    code, out, err = _run(["qwen3-next", "--util", "0.7", "--detail", "summary"], capsys)
+    assert code == 1 and "4.00×" in out and "2.00×" in out
+    assert "kvaudit: FAIL" in err
+
+
+def test_audit_with_config_path_is_the_same_as_the_preset(capsys):
+    args = ["--util", "0.7", "-s", "ascend-0.12", "--format", "json"]
+    a = json.loads(_run(["audit", "--config", str(QWEN), "--tp", "4", "--max-model-len", "4096"] + args, capsys)[1])
+    b = json.loads(_run(["qwen3-next"] + args, capsys)[1])
+    assert a["audits"][0]["allocated_bytes"] == b["audits"][0]["allocated_bytes"]
+
+
+BAD_INPUT = [
+    (["audit", "--config", "/nonexistent/config.json"], "config not found"),
+    (["audit", "--config", "{tmp}/notjson.json"], "not valid JSON"),
+    (["audit", "--config", "{tmp}/missing.json"], "missing required field 'num_hidden_layers'"),
+    (["audit", "--config", "{tmp}/gpt2.json"], "unsupported model_type 'gpt2'"),
+    (["audit"], "exactly one of --config"),
+    (["qwen3-next", "--util", "0"], "--util must be in (0, 1]"),
+    (["qwen3-next", "--util", "1.5"], "--util must be in (0, 1]"),
+    (["qwen3-next", "--util", "abc"], "invalid float value"),
+    (["qwen3-next", "--tp", "3"], "TP 3 does not divide"),
+    (["qwen3-next", "--device-memory=-5GiB"], "must be positive"),
+    (["qwen3-next", "--device-memory", "0"], "must be positive"),
+    (["qwen3-next", "--kv-cache-memory", "1MiB"], "planner refused"),
+    (["qwen3-next", "--util", "0.5"], "no memory left for the KV cache"),
+    (["qwen3-next", "--num-blocks", "0"], "--num-blocks must be at least 1"),
+    (["qwen9"], "unknown preset or command 'qwen9'"),
+    (["qwen3-next", "--strategy", "ascend-9"], "unknown strategy 'ascend-9'"),
+    (["qwen3-next", "--meter", "tpu"], "unknown meter 'tpu'"),
+    (["qwen3-next", "--format", "xml"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    (tmp_path / "notjson.json").write_text("{model_type: qwen3_next")
+    (tmp_path / "missing.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "gpt2.json").write_text('{"model_type": "gpt2"}')
+    code, out, err = _run([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("kvaudit: error: ") and message in lines[-1]
+    assert "Traceback" not in err and len([l for l in lines if l.startswith("kvaudit: error")]) == 1
+
+
+def test_unavailable_meter_by_name_is_exit_3(capsys):
+    code, out, err = _run(["qwen3-next", "--meter", "npu"], capsys)
+    assert code == 3 and out == "" and "meter 'npu' is unavailable: torch_npu is not installed" in err
+
+
+def test_cpu_meter_on_a_host_too_small_offers_num_blocks(capsys, monkeypatch):
+    monkeypatch.setattr(meters, "host_available_bytes", lambda: 2 << 30)
+    code, out, err = _run(["qwen3-next", "--util", "0.7", "--meter", "cpu", "-s", "ascend-0.11"], capsys)
+    assert code == 3 and "--num-blocks" in err and "Traceback" not in err
+
+
+def test_cpu_meter_scaled_audit(capsys):
+    code, out, err = _run(["qwen3-next", "--util", "0.7", "--meter", "cpu", "--num-blocks", "16",
+                           "--max-model-len", "1024", "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 1 and doc["meter"] == "cpu" and doc["deployment"]["num_blocks_override"] == 16
+    assert [round(a["ratio"], 2) for a in doc["audits"]] == [1.0, 4.0, 2.0, 1.0]
+
+
+def test_json_stdout_is_only_json_in_a_real_process():
+    p = subprocess.run([sys.executable, "-m", "kvaudit", "qwen3-next", "--util", "0.7", "--format", "json"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["exit_code"] == 1 and doc["meter"] == "meta"
+    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: FAIL")
+
+
+def test_help_imports_neither_torch_nor_vllm():
+    code = ("import sys; from kvaudit.cli import main; rc = main(['--help']); "
+            "print(rc, [m for m in ('torch', 'vllm') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
+
+
+def test_no_arguments_prints_help_and_exit_2(capsys):
+    code, out, err = _run([], capsys)
+    assert code == 2 and "usage: kvaudit" in err
+
+
+def test_version(capsys):
+    code, out, err = _run(["--version"], capsys)
+    assert code == 0 and out.startswith("kvaudit ")

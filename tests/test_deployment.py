@@ -1,0 +1,70 @@
+"""The budget vLLM gives the KV cache, and the impossible numbers that are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.deployment import DEVICES, get_preset, load_preset_spec, make_deployment
+from kvaudit.errors import ConfigError, UsageError
+from kvaudit.units import GiB, fmt_bytes, parse_size
+
+
+def _qwen():
+    return load_preset_spec(get_preset("qwen3-next"))
+
+
+def test_budget_is_memory_times_util_minus_non_kv():
+    d = make_deployment(_qwen(), tp=4, max_model_len=4096, gpu_memory_utilization=0.7)
+    mem = DEVICES["atlas-a2-64g"].memory_bytes
+    assert d.device_memory_bytes == 65_452_113_920
+    assert d.non_kv_bytes == d.weights_bytes + 2 * GiB
+    assert d.kv_budget_bytes == int(mem * 0.7) - d.non_kv_bytes
+    assert 3.4 * GiB < d.kv_budget_bytes < 3.6 * GiB
+
+
+def test_kv_cache_memory_overrides_the_formula():
+    d = make_deployment(_qwen(), tp=4, max_model_len=4096, gpu_memory_utilization=0.7,
+                        kv_cache_memory_bytes=5 * GiB)
+    assert d.kv_budget_bytes == 5 * GiB
+
+
+@pytest.mark.parametrize("util", [0.0, -0.1, 1.01, 7])
+def test_util_outside_0_1_is_refused(util):
+    with pytest.raises(UsageError, match="--util"):
+        make_deployment(_qwen(), tp=4, max_model_len=4096, gpu_memory_utilization=util)
+
+
+def test_budget_below_zero_names_the_utilization_needed():
+    with pytest.raises(ConfigError, match="--util must exceed 0.6"):
+        make_deployment(_qwen(), tp=4, max_model_len=4096, gpu_memory_utilization=0.5)
+
+
+@pytest.mark.parametrize("kw", [dict(device_memory_bytes=0), dict(device_memory_bytes=-5),
+                                dict(weights_bytes=0), dict(overhead_bytes=-1), dict(num_blocks_override=0),
+                                dict(max_model_len=0), dict(max_model_len=10**9), dict(device="tpu-v9")])
+def test_impossible_numbers_are_refused(kw):
+    args = dict(tp=4, max_model_len=4096, gpu_memory_utilization=0.7)
+    args.update(kw)
+    with pytest.raises(UsageError):
+        make_deployment(_qwen(), **args)
+
+
+def test_unknown_preset():
+    with pytest.raises(UsageError, match="unknown preset 'qwen9'"):
+        get_preset("qwen9")
+
+
+@pytest.mark.parametrize("text,n", [("65452113920", 65452113920), ("2GiB", 2 * GiB), ("1.5 MiB", 1572864),
+                                    ("2GB", 2_000_000_000), ("512", 512)])
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1GiB", "0", "3 parsecs"])
+def test_parse_size_refuses(text):
+    with pytest.raises(UsageError):
+        parse_size(text, "--device-memory")
+
+
+def test_fmt_bytes():
+    assert fmt_bytes(3 * GiB // 2) == "1.50 GiB" and fmt_bytes(512) == "512 B" and fmt_bytes(-2048) == "-2.00 KiB"

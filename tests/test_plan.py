@@ -1,0 +1,81 @@
+"""vLLM's own plans, checked against the hand arithmetic of the allocation reference (§7)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kvaudit.errors import ConfigError, StrategyFailed
+from kvaudit.plan import shared_by_view
+from conftest import deployment, plan_for
+
+# attention block size and uniform page P per platform rule, Qwen3-Next TP 4 bf16 (reference §7.3)
+EXPECTED = {"cuda": (272, 278_528), "ascend-align128": (384, 393_216), "ascend-contiguous": (512, 536_576)}
+
+
+@pytest.mark.parametrize("platform", list(EXPECTED))
+def test_qwen3_next_plan_matches_the_reference(platform):
+    d = deployment()
+    plan = plan_for(d, platform)
+    block, page = EXPECTED[platform]
+    assert plan.block_size == block
+    assert {g.page_size_bytes for g in plan.groups} == {page}
+    assert [len(g.layer_names) for g in plan.groups] == [12, 12, 12, 12]
+    assert sorted(g.spec_type for g in plan.groups) == ["FullAttentionSpec"] + ["MambaSpec"] * 3
+    # N = floor(A / (12 P)); 12 regions of P·N; one backing allocation of 12·P·N (vLLM 0.29+ format)
+    assert plan.num_blocks == d.kv_budget_bytes // (12 * page)
+    assert len(plan.tensors) == 12
+    assert all(t.size == page * plan.num_blocks for t in plan.tensors)
+    assert plan.planned_bytes == 12 * page * plan.num_blocks <= d.kv_budget_bytes
+    for i, t in enumerate(plan.tensors):
+        kinds = sorted(plan.layer_specs[n] for n in t.shared_by)
+        assert kinds == ["FullAttentionSpec", "MambaSpec", "MambaSpec", "MambaSpec"]
+        assert set(t.shared_by) == {f"model.layers.{4 * i + 3}.self_attn.attn"} | {
+            f"model.layers.{4 * i + k}.linear_attn" for k in range(3)}
+
+
+def test_plan_names_the_vllm_that_planned():
+    import importlib.metadata
+
+    assert plan_for(deployment(), "cuda").vllm_version == importlib.metadata.version("vllm")
+
+
+def test_num_blocks_override_scales_the_plan():
+    plan = plan_for(deployment(num_blocks_override=64), "ascend-align128")
+    assert plan.num_blocks == 64 and plan.planned_bytes == 12 * 393_216 * 64
+
+
+def test_dense_control_plan():
+    d = deployment("llama-3.1-8b")
+    plan = plan_for(d, "cuda")
+    # 32 layers × 8 KV heads × 128 dim × 2 (K, V) × 2 B = 128 KiB per token per layer... per block of 16
+    page = 16 * 2 * 8 * 128 * 2
+    assert len(plan.groups) == 1 and len(plan.groups[0].layer_names) == 32
+    assert plan.groups[0].page_size_bytes == page
+    assert plan.num_blocks == d.kv_budget_bytes // (32 * page)
+    assert len(plan.tensors) == 32 and all(len(t.shared_by) == 1 for t in plan.tensors)
+
+
+def test_budget_too_small_for_one_block_of_every_group():
+    d = deployment(kv_cache_memory_bytes=4 << 20)  # 4 MiB: less than one block of 12 layers
+    with pytest.raises(ConfigError, match="planner refused"):
+        plan_for(d, "cuda")
+
+
+def _t(layers, layer_stride, block_stride, offset=0):
+    return SimpleNamespace(layers=layers, layer_stride=layer_stride, block_stride=block_stride, offset=offset,
+                           size=1000)
+
+
+def test_shared_by_view_groups_coincident_spans():
+    tensors = [_t(["a0", "a1"], 100, 10), _t(["b0", "b1"], 100, 10)]
+    view = shared_by_view(tensors, 10, {"a0": 10, "a1": 10, "b0": 10, "b1": 10})
+    assert [(t.size, t.shared_by) for t in view] == [(100, ("a0", "b0")), (100, ("a1", "b1"))]
+
+
+def test_shared_by_view_refuses_interleaved_layouts():
+    # block-outermost: layer stride = page, block stride = packed block: spans overlap partially
+    tensors = [_t(["a0", "a1"], 10, 20)]
+    with pytest.raises(StrategyFailed, match="block-outermost"):
+        shared_by_view(tensors, 4, {"a0": 10, "a1": 10})

@@ -1,0 +1,107 @@
+"""Rendering: the golden table at a fixed width, the JSON contract and its schema, the summary line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from kvaudit import report
+from kvaudit.audit import audit_all, exit_code
+from kvaudit.cli import Detail, Format, main
+from kvaudit.meters import MetaMeter
+from kvaudit.strategies import STRATEGIES
+from conftest import GOLDEN, ROOT, deployment
+
+SCHEMA = json.loads((ROOT / "kvaudit" / "report.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def audits():
+    d = deployment()
+    return d, audit_all(d, list(STRATEGIES.values()), MetaMeter())
+
+
+def _golden(name: str, text: str, update: bool) -> None:
+    path = GOLDEN / name
+    if update:
+        path.write_text(text)
+    assert path.exists(), f"missing {path}: run pytest --update-golden"
+    assert text == path.read_text(), f"{name} differs from the golden file; if intended, run pytest --update-golden"
+
+
+def test_golden_table_at_width_120(monkeypatch, capsys, update_golden):
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["qwen3-next", "--util", "0.7", "--meter", "meta"]) == 1
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    _golden("qwen3-next-util0.7-meta.table.txt", out, update_golden)
+
+
+def test_golden_summary_of_the_dense_control(monkeypatch, capsys, update_golden):
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["llama-3.1-8b", "--util", "0.9", "--meter", "meta", "--detail", "summary"]) == 0
+    _golden("llama-3.1-8b-util0.9-meta.summary.txt", capsys.readouterr().out, update_golden)
+
+
+def test_json_round_trip_and_schema(audits):
+    d, results = audits
+    text = report.to_json(d, results, "meta", "0.33.0", exit_code(results))
+    doc = json.loads(text)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["schema_version"] == 1 and doc["meter"] == "meta" and doc["exit_code"] == 1
+    assert doc["deployment"]["kv_budget_bytes"] == d.kv_budget_bytes
+    by = {a["strategy"]: a for a in doc["audits"]}
+    assert by["ascend-0.11"]["ratio"] == pytest.approx(4.0, rel=0.005) and by["ascend-0.11"]["verdict"] == "FAIL"
+    assert by["vllm"]["verdict"] == "PASS" and len(by["vllm"]["layers"]) == 48
+    assert all(len(t["shared_by"]) == 4 for t in doc["plan"]["tensors"])
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def test_schema_rejects_a_report_without_its_contract(audits):
+    d, results = audits
+    doc = report.to_dict(d, results, "meta", "0.33.0", 1)
+    del doc["audits"][0]["verdict"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
+
+
+@pytest.mark.parametrize("detail", list(Detail))
+def test_every_detail_renders(audits, detail):
+    from rich.console import Console
+
+    d, results = audits
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))
+    for r in report.render_tables(d, results, "meta", "0.33.0", detail.value):
+        console.print(r)
+    text = console.export_text()
+    assert "meter" in text and "meta (accounting" in text
+    assert ("0.linear_attn" in text) is (detail is Detail.layers)  # per-layer rows
+    assert ("planned to be shared by" in text) is (detail is not Detail.summary)  # per-tensor rows
+
+
+def test_every_format_has_a_renderer(monkeypatch, capsys):
+    for fmt in Format:
+        assert main(["qwen3-next", "--util", "0.7", "--meter", "meta", "--strategy", "vllm",
+                     "--format", fmt.value, "--detail", "summary"]) == 0
+        out = capsys.readouterr().out
+        assert out.strip()
+        if fmt is Format.json:
+            json.loads(out)
+
+
+def test_summary_line_names_meter_and_vllm(audits):
+    d, results = audits
+    line = report.summary_line(results, "meta", "0.33.0")
+    assert "\n" not in line and line.startswith("kvaudit: FAIL: 2 of 4")
+    assert "ascend-0.11 4.00×" in line and "meter meta (accounting only" in line and "vLLM 0.33.0" in line
+    passing = report.summary_line([r for r in results if r.verdict.value == "PASS"], "cpu", "0.33.0")
+    assert passing.startswith("kvaudit: PASS") and "meter cpu" in passing
+
+
+def test_meta_pass_never_reads_as_a_device_pass(audits):
+    d, results = audits
+    assert re.search(r"meta.*not a device measurement", report.summary_line(results[:1], "meta", "x"))
+    assert "no device measured" in report.meter_label("meta")
