@@ -136,9 +136,9 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
     split = [t for t in tensors if len(t.shared_by) > 1 and t.storages > 1]
     if split and any(t.allocated > t.expected for t in split):
         worst = max(split, key=lambda t: t.allocated / t.expected)
-        reasons.append(f"{len(split)} of {len(tensors)} shared tensors were split into private buffers "
-                       f"(tensor {worst.tensor}: {worst.storages} storages, {worst.allocated / worst.expected:.2f}× "
-                       f"its planned {fmt_bytes(worst.expected)})")
+        reasons.append(f"{len(split)} of {len(tensors)} shared tensors split into private buffers (tensor "
+                       f"{worst.tensor}: {worst.storages} storages for {len(worst.shared_by)} layers, "
+                       f"{worst.allocated / worst.expected:.2f}× its size)")
 
     over, under = allocated - expected, expected - allocated
     if over > tol_bytes:

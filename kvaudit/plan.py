@@ -252,6 +252,7 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
         backends = [v.flash_attn.FlashAttentionBackend] + ([v.gdn.GDNAttentionBackend] if d.model.is_hybrid else [])
         layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
         v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+        groups: list[Any] = []
         try:
             if hasattr(v.planning, "get_global_kv_cache_groups"):
                 groups = v.planning.get_global_kv_cache_groups(vc, [specs])
@@ -259,7 +260,10 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
             else:
                 cfg = v.planning.get_kv_cache_configs(vc, [specs], [d.kv_budget_bytes])[0]
         except ValueError as e:
-            raise ConfigError(f"vLLM's planner refused the budget: {_first_line(e)}") from None
+            per_block = max((g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups), default=0)
+            raise ConfigError(
+                f"vLLM's planner refused the budget of {d.kv_budget_bytes:,} B (one block of every group "
+                f"needs {per_block:,} B): {_first_line(e)}") from None
     if cfg.num_blocks < 1:
         raise ConfigError(f"the KV budget {d.kv_budget_bytes} B holds no block of every group")
     return _to_plan(cfg, vc, d, rule, specs, v.version)
