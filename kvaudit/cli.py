@@ -112,7 +112,9 @@ def audit_command(a: argparse.Namespace) -> int:
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     strategies = [get_strategy(s) for s in (a.strategy or list(STRATEGIES))]
-    size = lambda v, what: parse_size(v, what) if v is not None else None  # noqa: E731
+    def size(value: str | None, what: str) -> int | None:
+        return parse_size(value, what) if value is not None else None
+
     dep = make_deployment(
         spec, tp=a.tp if a.tp is not None else (p.tp if p else 1), gpu_memory_utilization=a.util,
         max_model_len=a.max_model_len or (p.max_model_len if p else spec.max_position_embeddings),

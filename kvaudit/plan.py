@@ -9,6 +9,7 @@ is restated from ``shared/design/allocation-reference.md`` §3 and §5.4.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import importlib.metadata
@@ -194,6 +195,7 @@ def _model_dir(config_path: Path) -> Path:
         return config_path.parent
     if config_path not in _MODEL_DIRS:
         tmp = Path(tempfile.mkdtemp(prefix="kvaudit-model-"))
+        atexit.register(shutil.rmtree, tmp, True)
         shutil.copyfile(config_path, tmp / "config.json")
         _MODEL_DIRS[config_path] = tmp
     return _MODEL_DIRS[config_path]

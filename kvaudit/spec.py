@@ -176,8 +176,7 @@ class _Dense:
         kvh = _int(cfg, "num_key_value_heads", path, default=heads)
         head_dim = _int(cfg, "head_dim", path, default=hidden // heads)
         _int(cfg, "intermediate_size", path)
-        if cfg.get("use_sliding_window") or (cfg["model_type"] != "llama" and cfg.get("sliding_window")
-                                             and cfg.get("use_sliding_window", True)):
+        if cfg.get("use_sliding_window"):
             raise ConfigError(f"{path}: sliding-window attention is not supported yet")
         return ModelSpec(
             name=name, config_path=path, model_type=cfg["model_type"],
