@@ -235,7 +235,8 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
         lt = Table()
         for col in ("layer", "group", "spec", "expected", "allocated", "ratio", "shares memory with",
                     "planned to share with"):
-            lt.add_column(col, justify="right" if col in ("group", "expected", "allocated", "ratio") else "left")
+            lt.add_column(col, justify="right" if col in ("group", "expected", "allocated", "ratio") else "left",
+                          no_wrap=not col.endswith("with"))
         for row in r.layers:
             shares = _ids(row.shares_with)
             if set(row.shares_with) != set(row.planned_shares_with):
