@@ -102,7 +102,7 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
     from kvaudit.spec import load_model_spec
-    from kvaudit.strategies import STRATEGIES, get_strategy
+    from kvaudit.strategies import STRATEGIES, resolve_strategy
     from kvaudit.units import parse_size
 
     if (a.config is None) == (a.preset is None):
@@ -111,7 +111,7 @@ def audit_command(a: argparse.Namespace) -> int:
     spec = load_preset_spec(p) if p else load_model_spec(a.config)
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
-    strategies = [get_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     def size(value: str | None, what: str) -> int | None:
         return parse_size(value, what) if value is not None else None
 

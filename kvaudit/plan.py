@@ -115,13 +115,17 @@ def _cuda_rule(v: _Vllm, vc: Any, d: Deployment) -> None:
         v.platform_iface.Platform._align_hybrid_block_size(vc, v.flash_attn.FlashAttentionBackend)
 
 
-def _ascend_align128_rule(v: _Vllm, vc: Any, d: Deployment) -> None:
-    """vllm-ascend v0.11.0rc2 .. v0.15: upstream's formula with a 128-token alignment (§5.4)."""
+def _ascend_align_rule(align: int) -> Callable[[_Vllm, Any, Deployment], None]:
+    """vllm-ascend's patched ``verify_and_update_config`` up to v0.15: upstream's hybrid formula with
+    a 64-token (to v0.11.0rc1) or 128-token (v0.11.0rc2 .. v0.15) alignment (§5.4)."""
+    return lambda v, vc, d: _ascend_align(v, vc, d, align)
+
+
+def _ascend_align(v: _Vllm, vc: Any, d: Deployment, align: int) -> None:
     cc = vc.cache_config
     if not d.model.is_hybrid:
         cc.block_size = 128  # NPUPlatform.check_and_update_config when block_size is unset
         return
-    align = 128
     attn_1 = _attn_page_1_token(v, vc)
     mamba_page = _mamba_page(v, vc)
     block = align * math.ceil(mamba_page / (align * attn_1))
@@ -157,8 +161,10 @@ def _ascend_contiguous_rule(v: _Vllm, vc: Any, d: Deployment) -> None:
 
 PLATFORMS: dict[str, PlatformRule] = {
     "cuda": PlatformRule("cuda", "vLLM on CUDA (FlashAttention block alignment)", _cuda_rule),
+    "ascend-align64": PlatformRule(
+        "ascend-align64", "vllm-ascend up to v0.11.0rc1 (block alignment 64)", _ascend_align_rule(64)),
     "ascend-align128": PlatformRule(
-        "ascend-align128", "vllm-ascend v0.11.0 .. v0.15 (block alignment 128)", _ascend_align128_rule),
+        "ascend-align128", "vllm-ascend v0.11.0rc2 .. v0.15 (block alignment 128)", _ascend_align_rule(128)),
     "ascend-contiguous": PlatformRule(
         "ascend-contiguous", "vllm-ascend v0.16+ (#6887 contiguous layout: page = 2K + conv)",
         _ascend_contiguous_rule, attention_page_padded=True),

@@ -82,6 +82,18 @@ class KVPlan:
         t = self.tensors[self.tensor_of(layer)]
         return t.size / len(t.shared_by)
 
+    def shared_by_config(self) -> Any:
+        """The plan as code written for ``KVCacheTensor(size, shared_by)`` reads it: vLLM's own
+        config for a ``shared_by`` plan, else one with the ``shared_by`` regions and vLLM's groups."""
+        if self.plan_format == "shared_by":
+            return self.kv_cache_config
+        from types import SimpleNamespace
+
+        return SimpleNamespace(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[SimpleNamespace(size=t.size, shared_by=list(t.shared_by)) for t in self.tensors],
+            kv_cache_groups=self.kv_cache_config.kv_cache_groups)
+
     def to_dict(self) -> dict:
         """JSON form."""
         return {

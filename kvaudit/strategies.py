@@ -159,9 +159,26 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-def get_strategy(name: str) -> Strategy:
-    """Look a strategy up by name; an unknown name is a usage error."""
-    try:
+def resolve_strategy(name: str) -> Strategy:
+    """A strategy by name: built-in, ``installed``, ``vllm-ascend==X``, ``module:function``, or an
+    entry point of the ``kvaudit.strategies`` group. An unknown name is a usage error (exit 2)."""
+    if name in STRATEGIES:
         return STRATEGIES[name]
-    except KeyError:
-        raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
+    if name == "installed":
+        from kvaudit.installed import installed_strategy
+
+        return installed_strategy()
+    if name.startswith("vllm-ascend=="):
+        from kvaudit.releases import release_strategy
+
+        return release_strategy(name.partition("==")[2])
+    from kvaudit import plugins
+
+    if ":" in name:
+        return plugins.from_import_path(name)
+    found = plugins.from_entry_point(name)
+    if found is not None:
+        return found
+    extra = plugins.entry_point_names()
+    raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, installed, vllm-ascend==VERSION, "
+                     f"module:function{', ' + ', '.join(extra) if extra else ''})")

@@ -14,6 +14,7 @@ if [ ! -x "$KVAUDIT_VENV/bin/python" ] || [ "$(cat "$_stamp" 2>/dev/null)" != "$
     "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/planner-cpu.txt" &&
     "$KVAUDIT_VENV/bin/python" -m pip install --no-deps -r "$KVAUDIT_ROOT/requirements/vllm-nodeps.txt" &&
     "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/test.txt" &&
+    "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/release-fetch.txt" &&
     "$KVAUDIT_VENV/bin/python" -m pip install --no-deps -e "$KVAUDIT_ROOT"
   } >"$_log" 2>&1 || { tail -n 40 "$_log" >&2; echo "kvaudit: setup failed; full log: $_log" >&2; exit 1; }
   rm -f "$_log"

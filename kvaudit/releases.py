@@ -1,0 +1,136 @@
+"""``--strategy vllm-ascend==X``: audit a published vllm-ascend release's own allocation code.
+
+kvaudit fetches the release's source distribution with pip into its cache (never into the
+project), reads ``NPUModelRunner``'s allocation method from ``vllm_ascend/worker/model_runner_v1.py``
+and runs it unchanged (``kvaudit.runner_code``) against the ``shared_by`` view of vLLM's plan,
+made with the block-size rule of that release. vllm_ascend itself is never imported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import StrategyFailed, UsageError
+from kvaudit.results import KVPlan
+from kvaudit.runner_code import Extracted, SourceTree, extract_allocator
+from kvaudit.strategies import RawTensors, Strategy
+
+PACKAGE = "vllm-ascend"
+RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
+RUNNER_CLASS = "NPUModelRunner"
+SOC_VERSION = "ascend910b1"
+"""vllm-ascend's setup.py needs a target chip to prepare its metadata on a host without npu-smi."""
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+
+
+def cache_dir() -> Path:
+    """Where fetched releases are kept: ``$KVAUDIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvaudit``."""
+    env = os.environ.get("KVAUDIT_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvaudit"
+
+
+def _version_key(v: str) -> tuple:
+    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?", v)
+    if not m:
+        return (0,)
+    major, minor, patch, rc = m.groups()
+    return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20)
+
+
+def platform_for(version: str) -> str:
+    """The block-size rule a vllm-ascend release plans with (allocation reference §5.4)."""
+    key = _version_key(version)
+    if key < _version_key("0.11.0rc2"):
+        return "ascend-align64"
+    if key < _version_key("0.16.0rc1"):
+        return "ascend-align128"
+    return "ascend-contiguous"
+
+
+def fetch_sdist(version: str) -> Path:
+    """The release's sdist, from the cache or fetched with ``pip download`` into it."""
+    if not _VERSION.match(version):
+        raise UsageError(f"{PACKAGE}=={version}: not a release version (e.g. vllm-ascend==0.13.0)")
+    target = cache_dir() / "sdists" / f"{PACKAGE}-{version}"
+    found = sorted(target.glob("*.tar.gz")) if target.is_dir() else []
+    if found:
+        return found[0]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", SOC_VERSION))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--no-build-isolation", "--disable-pip-version-check", "--retries", "1",
+               f"{PACKAGE}=={version}", "-d", tmp]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        got = sorted(Path(tmp).glob("*.tar.gz"))
+        if p.returncode != 0 or not got:
+            raise _fetch_error(version, p.stdout + p.stderr)
+        target.mkdir(exist_ok=True)
+        final = target / got[0].name
+        os.replace(got[0], final)
+    return final
+
+
+def _fetch_error(version: str, output: str) -> Exception:
+    """pip's failure as one line: not on the index (exit 2), or could not fetch (exit 3)."""
+    m = re.search(r"\(from versions: ([^)]*)\)", output)
+    if m and m.group(1).strip() == "none":
+        return StrategyFailed(f"could not fetch {PACKAGE}=={version}: the package index lists no {PACKAGE} "
+                              "release (no network, or an index without it)")
+    if m:
+        near = [v for v in m.group(1).split(", ") if v.startswith(version.rsplit(".", 1)[0])][-4:]
+        hint = f"; nearby: {', '.join(near)}" if near else ""
+        return UsageError(f"{PACKAGE} {version} is not on the package index{hint}")
+    if "No module named 'setuptools_scm'" in output:
+        return StrategyFailed(f"fetching {PACKAGE}=={version} needs setuptools_scm in this environment "
+                              "(pip install setuptools_scm): its sdist's metadata build imports it")
+    errors = [line.strip() for line in output.splitlines() if "error" in line.lower() and line.strip()]
+    return StrategyFailed(f"could not fetch {PACKAGE}=={version} with pip: "
+                          f"{errors[-1] if errors else 'pip download failed'}")
+
+
+def stand_in_attributes(device: Any, kv_transfer: bool) -> dict[str, Any]:
+    """What vllm-ascend's allocation code may read from its runner, for a non-MLA, non-sparse
+    model without FA quantization: the values ``NPUModelRunner.__init__`` sets in that case."""
+    return {
+        "device": device,
+        "vllm_config": {"kv_transfer_config": _KVTransfer() if kv_transfer else None, "quant_config": None},
+        "model_config": {"use_mla": False},
+        "runner_only_attn_layers": set(),
+        "use_sparse": False,
+        "use_sparse_c8_indexer": False,
+        "is_kv_consumer": False,
+        "use_compress": False,
+        "hybrid_with_attn_and_mamba": False,
+    }
+
+
+class _KVTransfer:
+    """A KV-transfer config stand-in: the allocation code only tests it against ``None``."""
+
+    is_kv_consumer = False
+    is_kv_producer = True
+
+
+def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: bool) -> RawTensors:
+    """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``."""
+    return code.call(plan.shared_by_config(), stand_in_attributes(device, kv_transfer))
+
+
+def release_strategy(version: str) -> Strategy:
+    """The strategy that runs vllm-ascend ``version``'s own allocation code."""
+    tarball = fetch_sdist(version)
+    label = f"{PACKAGE} {version}"
+    code = extract_allocator(SourceTree(label, tarball=tarball), RUNNER_MODULE, RUNNER_CLASS)
+    return Strategy(
+        name=f"{PACKAGE}=={version}", title=f"{code.method} from the {version} sdist", platform=platform_for(version),
+        releases=label, allocate=lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device,
+                                                                                             kv_transfer))

@@ -1,0 +1,264 @@
+"""Run a model runner's KV-cache allocation method outside its runner, unchanged.
+
+The method is read from source (an installed package or a release's sdist) without importing its
+module, which would need the accelerator stack. kvaudit compiles it with the helper methods and
+module-level helpers it calls (taken from the same source tree), binds the names it imports from
+torch and vLLM to the installed ones, and calls it on a stand-in ``self`` that provides only the
+attributes kvaudit knows. Anything else the code reads stops the audit with exit 3, naming it.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import importlib
+import importlib.util
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kvaudit.errors import StrategyFailed
+
+ALLOCATE = "_allocate_kv_cache_tensors"
+INITIALIZE = "initialize_kv_cache_tensors"
+
+
+class SourceTree:
+    """Python sources of one package release: a directory on disk or an sdist tarball."""
+
+    def __init__(self, label: str, root: Path | None = None, tarball: Path | None = None) -> None:
+        self.label = label
+        self.root, self.tarball = root, tarball
+        self._members: dict[str, str] | None = None
+
+    def read(self, rel: str) -> str | None:
+        """The text of ``rel`` (e.g. ``vllm_ascend/utils.py``), or ``None`` if absent."""
+        if self.root is not None:
+            p = self.root / rel
+            return p.read_text(encoding="utf-8") if p.is_file() else None
+        if self._members is None:  # one pass over the archive: every .py file, keyed by its path
+            self._members = {}
+            with tarfile.open(self.tarball) as tf:  # type: ignore[arg-type]
+                for m in tf:
+                    rest = m.name.partition("/")[2]
+                    if m.isfile() and rest.endswith(".py") and (f := tf.extractfile(m)) is not None:
+                        self._members[rest] = f.read().decode("utf-8", errors="replace")
+        return self._members.get(rel)
+
+    def module_file(self, module: str) -> str | None:
+        """The relative path of a dotted module in this tree, if it is there."""
+        base = module.replace(".", "/")
+        for rel in (f"{base}.py", f"{base}/__init__.py"):
+            if self.read(rel) is not None:
+                return rel
+        return None
+
+
+def installed_tree(package: str, label: str) -> SourceTree | None:
+    """The installed ``package``'s sources, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return SourceTree(label, root=Path(list(spec.submodule_search_locations)[0]).parent)
+
+
+class _Attrs:
+    """A stand-in object: known attributes only; reading any other one names it and stops."""
+
+    def __init__(self, owner: str, path: str, values: dict[str, Any]) -> None:
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_path", path)
+        for k, v in values.items():
+            object.__setattr__(self, k, _Attrs(owner, f"{path}.{k}", v) if isinstance(v, dict) else v)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise StrategyFailed(f"{self._owner} reads {self._path}.{name}, which kvaudit's runner stand-in "
+                             "does not provide (a version kvaudit does not know yet)")
+
+
+def _missing(label: str, name: str, origin: str) -> type:
+    """A placeholder for a name the code imports but kvaudit cannot load: harmless until used."""
+    def fail(*_a: Any, **_k: Any) -> Any:
+        raise StrategyFailed(f"{label}'s allocation code uses {name} (from {origin}), which kvaudit cannot load")
+
+    meta = type(f"Missing_{name}_meta", (type,), {"__instancecheck__": fail, "__subclasscheck__": fail,
+                                                  "__call__": fail, "__getattr__": lambda c, a: fail()})
+    return meta(name, (), {})
+
+
+@dataclass
+class Extracted:
+    """An allocation method compiled from source, ready to call on a stand-in runner."""
+
+    label: str
+    method: str
+    """Where the code came from, e.g. ``NPUModelRunner._allocate_kv_cache_tensors``."""
+    functions: dict[str, Callable] = field(repr=False)
+    helpers: tuple[str, ...]
+    """Module-level helpers taken from the same source tree."""
+
+    def call(self, kv_cache_config: Any, attributes: dict[str, Any]) -> dict:
+        """Run the allocation on a stand-in ``self`` carrying ``attributes``."""
+        cls = type("RunnerStandIn", (_Attrs,), dict(self.functions))
+        runner = cls(self.label + "'s " + self.method, "self", attributes)
+        return getattr(runner, ALLOCATE)(kv_cache_config)
+
+
+def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extracted:
+    """Compile ``class_name``'s allocation method of ``module`` (from ``tree``) and what it calls."""
+    rel = tree.module_file(module)
+    if rel is None:
+        raise StrategyFailed(f"{tree.label} has no {module}")
+    mod = ast.parse(tree.read(rel) or "", filename=rel)
+    cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        raise StrategyFailed(f"{tree.label}: {module} defines no class {class_name}")
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if ALLOCATE in methods:
+        entry, where = methods[ALLOCATE], f"{class_name}.{ALLOCATE}"
+    elif INITIALIZE in methods:
+        entry, where = _cut_allocation_loop(methods[INITIALIZE], tree.label), f"{class_name}.{INITIALIZE} (its allocation loop)"
+    else:
+        raise StrategyFailed(f"{tree.label}: {class_name} has neither {ALLOCATE} nor {INITIALIZE}")
+    params = [a.arg for a in entry.args.posonlyargs + entry.args.args]
+    if params != ["self", "kv_cache_config"] or entry.args.kwonlyargs or entry.args.vararg:
+        raise StrategyFailed(f"{tree.label}: {where}({', '.join(params)}) has a signature kvaudit does not know "
+                             "(it calls method(self, kv_cache_config))")
+    chosen = {ALLOCATE: entry}
+    todo = [entry]
+    while todo:
+        for called in _self_methods(todo.pop(), methods):
+            if called not in chosen:
+                chosen[called] = methods[called]
+                todo.append(methods[called])
+    namespace: dict[str, Any] = {"__name__": f"kvaudit_extracted_{module}", "__builtins__": builtins}
+    loader = _Loader(tree)
+    loader.bind(rel, mod, list(chosen.values()), namespace)
+    compiled = ast.Module(body=[_bare(fn) for fn in chosen.values()], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(compiled), f"{tree.label}:{rel}", "exec"), namespace)
+    return Extracted(tree.label, where, {name: namespace[name] for name in chosen}, tuple(loader.helpers))
+
+
+def _cut_allocation_loop(fn: ast.FunctionDef, label: str) -> ast.FunctionDef:
+    """vllm-ascend <= 0.11: the allocation is the top of ``initialize_kv_cache_tensors``, from the
+    start through the completeness ``assert`` after the ``kv_cache_tensors`` loop; the rest reshapes."""
+    body, seen_loop, raw_name = [], False, None
+    for st in fn.body:
+        body.append(st)
+        if raw_name is None and isinstance(st, (ast.Assign, ast.AnnAssign)) and isinstance(st.value, ast.Dict):
+            target = st.targets[0] if isinstance(st, ast.Assign) else st.target
+            raw_name = target.id if isinstance(target, ast.Name) else None
+        if isinstance(st, ast.For) and ast.unparse(st.iter) == "kv_cache_config.kv_cache_tensors":
+            seen_loop = True
+        if seen_loop and isinstance(st, ast.Assert):
+            break
+    else:
+        raise StrategyFailed(f"{label}: {INITIALIZE} has no allocation loop kvaudit recognizes")
+    if raw_name is None:
+        raise StrategyFailed(f"{label}: {INITIALIZE} builds no raw-tensor dict kvaudit recognizes")
+    body.append(ast.copy_location(ast.Return(value=ast.Name(id=raw_name, ctx=ast.Load())), body[-1]))
+    cut = ast.FunctionDef(name=ALLOCATE, args=fn.args, body=body, decorator_list=[], returns=None,
+                          type_comment=None, **_type_params())
+    return ast.fix_missing_locations(ast.copy_location(cut, fn))
+
+
+def _type_params() -> dict:
+    return {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
+
+
+def _self_methods(fn: ast.AST, methods: dict[str, ast.AST]) -> list[str]:
+    return sorted({n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                   and n.value.id == "self" and n.attr in methods})
+
+
+def _bare(fn: ast.FunctionDef) -> ast.FunctionDef:
+    """The function without decorators and without argument/return annotations (evaluated at def
+    time; the code's behaviour does not depend on them)."""
+    fn = copy.deepcopy(fn)  # keeps the source's line numbers for tracebacks
+    for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+        a.annotation = None
+    fn.returns, fn.decorator_list = None, []
+    return fn  # type: ignore[return-value]
+
+
+def _imports(mod: ast.Module, module_name: str) -> dict[str, tuple[str, str | None]]:
+    """Top-level imports (also under ``if``/``try``): bound name -> (module, attribute or None)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    stack = list(mod.body)
+    while stack:
+        n = stack.pop(0)
+        if isinstance(n, (ast.If, ast.Try)):
+            stack[:0] = list(n.body) + [x for h in getattr(n, "handlers", []) for x in h.body] + list(n.orelse)
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                out[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0], None)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                base = ".".join(module_name.split(".")[: -n.level] + ([base] if base else []))
+            for a in n.names:
+                out[a.asname or a.name] = (base, a.name)
+    return out
+
+
+class _Loader:
+    """Binds the global names of extracted functions, compiling helpers from the tree once each."""
+
+    def __init__(self, tree: SourceTree) -> None:
+        self.tree = tree
+        self.compiled: dict[tuple[str, str], Any] = {}
+        self.helpers: list[str] = []
+
+    def bind(self, rel: str, mod: ast.Module, fns: list[ast.AST], namespace: dict[str, Any]) -> None:
+        """Bind every global name ``fns`` (from module file ``rel``) load into ``namespace``."""
+        module_name = rel[:-3].replace("/__init__", "").replace("/", ".")
+        package = module_name.split(".")[0]
+        imports = _imports(mod, module_name)
+        top_defs = {n.name: n for n in mod.body if isinstance(n, ast.FunctionDef)}
+        for name in sorted({n.id for fn in fns for n in ast.walk(fn)
+                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}):
+            if name in namespace or hasattr(builtins, name):
+                continue
+            if name in top_defs:
+                namespace[name] = self.helper(rel, mod, top_defs[name])
+            elif name in imports and imports[name][0].split(".")[0] == package:
+                source, attr = imports[name]
+                namespace[name] = self.from_tree(source, attr or name, name)
+            elif name in imports:
+                namespace[name] = _import(*imports[name], self.tree.label, name)
+            else:
+                namespace[name] = _missing(self.tree.label, name, module_name)
+
+    def from_tree(self, module: str, attr: str, name: str) -> Any:
+        """A module-level function of the same source tree, compiled from its source."""
+        rel = self.tree.module_file(module)
+        mod = ast.parse(self.tree.read(rel) or "", filename=rel) if rel else None
+        node = next((n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == attr), None) if mod else None
+        if rel is None or mod is None or node is None:
+            return _missing(self.tree.label, name, module)
+        return self.helper(rel, mod, node)
+
+    def helper(self, rel: str, mod: ast.Module, fn: ast.FunctionDef) -> Any:
+        key = (rel, fn.name)
+        if key not in self.compiled:
+            own: dict[str, Any] = {"__name__": f"kvaudit_extracted_{rel}", "__builtins__": builtins}
+            self.compiled[key] = _missing(self.tree.label, fn.name, rel)  # breaks cycles while compiling
+            self.bind(rel, mod, [fn], own)
+            exec(compile(ast.fix_missing_locations(ast.Module(body=[_bare(fn)], type_ignores=[])),
+                         f"{self.tree.label}:{rel}", "exec"), own)
+            self.compiled[key] = own[fn.name]
+            self.helpers.append(f"{rel[:-3].replace('/', '.')}.{fn.name}")
+        return self.compiled[key]
+
+
+def _import(module: str, attr: str | None, label: str, name: str) -> Any:
+    """A name from an installed package (torch, vLLM, the standard library)."""
+    try:
+        m = importlib.import_module(module)
+        return getattr(m, attr) if attr else m
+    except Exception:  # the installed version may lack it: only fatal if the code path uses it
+        return _missing(label, name, f"{module} in this environment")
