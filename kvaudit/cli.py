@@ -63,7 +63,8 @@ def _audit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer", action="store_true",
                    help="a KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers")
     p.add_argument("--strategy", "-s", action="append", default=[],
-                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (repeatable; default: all)")
+                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, "
+                        "vllm-ascend==VERSION, module:function, or a kvaudit.strategies entry point; repeatable")
     p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
     p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
     p.add_argument("--tolerance", type=float, default=0.005, help="relative tolerance on the planned bytes (0.005)")

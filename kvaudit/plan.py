@@ -236,7 +236,7 @@ def _layer_specs(v: _Vllm, vc: Any, d: Deployment, rule: PlatformRule) -> dict[s
             if rule.attention_page_padded and cc.mamba_page_size_padded:
                 kw["page_size_padded"] = cc.mamba_page_size_padded
             spec = v.iface.FullAttentionSpec(**kw)
-            if rule.name == "cuda":
+            if rule.name == "cuda" and hasattr(v.worker_utils, "customize_attention_spec"):  # vLLM 0.29+
                 spec = v.worker_utils.customize_attention_spec(v.flash_attn.FlashAttentionBackend, spec)
         else:
             assert mamba is not None
@@ -257,9 +257,10 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
         vc = _vllm_config(v, d)
         rule.apply(v, vc, d)
         specs = _layer_specs(v, vc, d, rule)
-        backends = [v.flash_attn.FlashAttentionBackend] + ([v.gdn.GDNAttentionBackend] if d.model.is_hybrid else [])
-        layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
-        v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+        if hasattr(v.backend_utils, "resolve_kv_cache_layout"):  # vLLM 0.29+: the engine resolves it first
+            backends = [v.flash_attn.FlashAttentionBackend] + ([v.gdn.GDNAttentionBackend] if d.model.is_hybrid else [])
+            layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
+            v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
         groups: list[Any] = []
         try:
             if hasattr(v.planning, "get_global_kv_cache_groups"):

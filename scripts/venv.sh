@@ -1,22 +1,29 @@
-# Sourced by scripts/kvaudit and scripts/test: create or reuse .venv/ at the repo root with the
-# pinned lean CPU install of vLLM 0.33.0, the test tools, and kvaudit itself (editable).
-# It reinstalls only when requirements/*.txt or pyproject.toml changed (a stamp in .venv/).
+# Sourced by scripts/kvaudit and scripts/test. kvaudit_venv VERSION DIR creates or reuses DIR with
+# the pinned lean CPU install of vLLM VERSION (requirements/vllm-VERSION/), the test tools, what
+# --strategy vllm-ascend==X needs, and kvaudit itself (editable). It reinstalls only when those
+# requirements or pyproject.toml changed (a stamp inside DIR).
 set -euo pipefail
 KVAUDIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-KVAUDIT_VENV="$KVAUDIT_ROOT/.venv"
-_stamp="$KVAUDIT_VENV/.kvaudit-stamp"
-_want="$(cat "$KVAUDIT_ROOT"/requirements/*.txt "$KVAUDIT_ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
-if [ ! -x "$KVAUDIT_VENV/bin/python" ] || [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
-  echo "kvaudit: setting up $KVAUDIT_VENV (lean CPU vLLM 0.33.0: about 2 minutes the first time)" >&2
-  _log="$(mktemp)"
+KVAUDIT_VLLM="0.33.0"                  # the vLLM of .venv/, the main job and the golden files
+KVAUDIT_VLLM_ALSO="0.23.0"             # also tested, in .venv-vllm-0.23.0/ (vllm-ascend 0.23 pins it)
+
+kvaudit_venv() {
+  local version="$1" venv="$2" req="$KVAUDIT_ROOT/requirements"
+  local want log
+  want="$(cat "$req/vllm-$version"/*.txt "$req/test.txt" "$req/release-fetch.txt" "$KVAUDIT_ROOT/pyproject.toml" \
+          | sha256sum | cut -d' ' -f1)"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.kvaudit-stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "kvaudit: setting up $venv (lean CPU vLLM $version: about 2 minutes the first time)" >&2
+  log="$(mktemp)"
   {
-    "${PYTHON:-python3}" -m venv "$KVAUDIT_VENV" &&
-    "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/planner-cpu.txt" &&
-    "$KVAUDIT_VENV/bin/python" -m pip install --no-deps -r "$KVAUDIT_ROOT/requirements/vllm-nodeps.txt" &&
-    "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/test.txt" &&
-    "$KVAUDIT_VENV/bin/python" -m pip install -r "$KVAUDIT_ROOT/requirements/release-fetch.txt" &&
-    "$KVAUDIT_VENV/bin/python" -m pip install --no-deps -e "$KVAUDIT_ROOT"
-  } >"$_log" 2>&1 || { tail -n 40 "$_log" >&2; echo "kvaudit: setup failed; full log: $_log" >&2; exit 1; }
-  rm -f "$_log"
-  echo "$_want" > "$_stamp"
-fi
+    "${PYTHON:-python3}" -m venv "$venv" &&
+    "$venv/bin/python" -m pip install -r "$req/vllm-$version/planner-cpu.txt" &&
+    "$venv/bin/python" -m pip install --no-deps -r "$req/vllm-$version/nodeps.txt" &&
+    "$venv/bin/python" -m pip install -r "$req/test.txt" -r "$req/release-fetch.txt" &&
+    "$venv/bin/python" -m pip install --no-deps -e "$KVAUDIT_ROOT"
+  } >"$log" 2>&1 || { tail -n 40 "$log" >&2; echo "kvaudit: setup of $venv failed; full log: $log" >&2; return 1; }
+  rm -f "$log"
+  echo "$want" > "$venv/.kvaudit-stamp"
+}

@@ -3,6 +3,7 @@ fake ``torch.npu`` / ``torch.cuda`` memory API."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from kvaudit.deployment import PRESETS, load_preset_spec, make_deployment  # noq
 from kvaudit.results import MemoryReading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "fixtures" / "golden"
+VLLM_VERSION = importlib.metadata.version("vllm")
+GOLDEN = ROOT / "fixtures" / "golden" / f"vllm-{VLLM_VERSION}"
+"""Golden tables per vLLM version: the plans (and so every figure) come from that vLLM."""
 
 
 def pytest_addoption(parser):

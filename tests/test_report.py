@@ -27,6 +27,7 @@ def audits():
 def _golden(name: str, text: str, update: bool) -> None:
     path = GOLDEN / name
     if update:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"missing {path}: run pytest --update-golden"
     assert text == path.read_text(), f"{name} differs from the golden file; if intended, run pytest --update-golden"

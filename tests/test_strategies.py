@@ -73,12 +73,13 @@ def test_dense_control_every_strategy_allocates_exactly_the_plan(name, meter):
 
 
 def test_meta_count_for_vllm_equals_vllms_own_allocation():
-    from vllm.v1.worker.utils import allocate_kv_cache
+    """vLLM's own allocation function for the plan: allocate_kv_cache (0.29+), or the model runner's
+    _allocate_kv_cache_tensors (up to 0.28), counted here storage by storage."""
+    from kvaudit.strategies import resolve_strategy
 
     d = deployment()
     plan = plan_for(d, "cuda")
-    layout = plan.vllm_config.cache_config.get_resolved_kv_cache_layout()
-    views = allocate_kv_cache(plan.kv_cache_config, torch.device("meta"), layout)
+    views = resolve_strategy("installed").allocate(plan, torch.device("meta"), False)
     storages = {}
     for v in views.values():
         st = v.untyped_storage()
