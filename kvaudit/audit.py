@@ -12,15 +12,18 @@ The verdict rule (documented in the README):
 from __future__ import annotations
 
 import re
+import traceback
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from kvaudit.accounting import Attribution, StorageRecorder, attribute
 from kvaudit.deployment import Deployment
-from kvaudit.errors import MeterUnavailable, StrategyFailed
-from kvaudit.meters import Meter, MetaMeter
-from kvaudit.results import (AuditResult, GroupRow, KVPlan, LayerRow, MemoryReading, OomPoint, TensorRow,
-                             Verdict)
+from kvaudit.errors import KvauditError, MeterUnavailable, StrategyFailed
+from kvaudit.meters import Meter
+from kvaudit.oom import is_out_of_memory, parse_oom
+from kvaudit.results import (AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading, OomPoint,
+                             Snapshot, TensorRow, Verdict)
 from kvaudit.strategies import ALIGNMENT, Strategy
 from kvaudit.units import fmt_bytes
 
@@ -28,41 +31,73 @@ DEFAULT_TOLERANCE = 0.005
 """Relative tolerance: 0.5 % of the planned bytes."""
 
 
-def projected_bytes(plan: KVPlan, strategy: Strategy, kv_transfer: bool) -> int:
-    """Bytes the strategy would allocate for ``plan``, from a dry run on ``meta`` (no memory)."""
-    meter = MetaMeter()
-    meter.start()
-    try:
-        raw = _allocate(strategy, plan, meter.device(), kv_transfer)
-    finally:
-        reading = meter.stop()
-    del raw
-    return reading.allocated
+class _OutOfMemory(Exception):
+    """The strategy's allocator ran out of memory: a finding, carried up with the error's first line."""
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """A strategy's allocations for a plan, in order, from a run on ``meta`` (no memory used)."""
+
+    sizes: tuple[int, ...]
+    layers: tuple[tuple[str, ...], ...]
+    """The layers whose tensors live in each storage."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every storage the strategy creates."""
+        return sum(self.sizes)
+
+
+def dry_run(plan: KVPlan, strategy: Strategy, kv_transfer: bool) -> DryRun:
+    """Run ``strategy`` on ``meta``: what it allocates, in which order, for which layers."""
+    import torch
+
+    recorder = StorageRecorder()
+    with recorder:
+        raw = _allocate(strategy, plan, torch.device("meta"), kv_transfer)
+    attr = attribute(raw)
+    return DryRun(tuple(e.nbytes for e in recorder.events),
+                  tuple(attr.storage_layers.get(e.key, ()) for e in recorder.events))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _allocate(strategy: Strategy, plan: KVPlan, device: Any, kv_transfer: bool) -> dict:
+    """Run the strategy; an allocator out of memory becomes ``_OutOfMemory`` with the frames that
+    held its partial allocation cleared, any other error exit 3."""
     try:
         return strategy.allocate(plan, device, kv_transfer)
-    except (MemoryError, RuntimeError, TypeError, ValueError, AssertionError, AttributeError, KeyError) as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise StrategyFailed(f"strategy {strategy.name!r} raised {type(e).__name__}: {first}") from None
+    except KvauditError:
+        raise
+    except Exception as e:  # the strategy is foreign code: every error is reported, never a traceback
+        if not is_out_of_memory(e):
+            raise StrategyFailed(f"strategy {strategy.name!r} raised {type(e).__name__}: {_first_line(e)}") from None
+        message = _first_line(e)
+        traceback.clear_frames(e.__traceback__)  # free what the strategy had allocated
+    raise _OutOfMemory(message)
 
 
-def _check_room(plan: KVPlan, strategy: Strategy, meter: Meter, kv_transfer: bool) -> None:
-    """Refuse (exit 3) when the strategy's allocation would not fit where a host meter measures."""
-    if meter.kind != "host":
-        return
+def _check_room(plan: KVPlan, strategy: Strategy, meter: Meter, dry: DryRun) -> None:
+    """Refuse (exit 3) what cannot be measured: a host that cannot hold the strategy's allocation
+    (an out-of-memory there kills the process), or a device already too full for the plan itself."""
     room = meter.free_bytes()
     if room is None:
         return
-    need = projected_bytes(plan, strategy, kv_transfer)
-    if need <= room:
-        return
-    fit = max(1, int(plan.num_blocks * room / need * 0.95))
-    raise MeterUnavailable(
-        f"strategy {strategy.name!r} would allocate {fmt_bytes(need)} on the {meter.name} meter, more "
-        f"than the {fmt_bytes(room)} this host can spare; audit a scaled plan with --num-blocks {fit} "
-        f"(the plan has {plan.num_blocks}), or use --meter meta")
+    if meter.kind == "host" and dry.total_bytes > room:
+        fit = max(1, int(plan.num_blocks * room / dry.total_bytes * 0.95))
+        raise MeterUnavailable(
+            f"strategy {strategy.name!r} would allocate {fmt_bytes(dry.total_bytes)} on the {meter.name} meter, "
+            f"more than the {fmt_bytes(room)} this host can spare; audit a scaled plan with --num-blocks {fit} "
+            f"(the plan has {plan.num_blocks}), or use --meter meta")
+    if meter.kind == "device" and plan.planned_bytes > room:
+        fit = max(1, int(plan.num_blocks * room / plan.planned_bytes * 0.95))
+        raise MeterUnavailable(
+            f"{meter.describe()}: only {fmt_bytes(room)} free, less than the {fmt_bytes(plan.planned_bytes)} "
+            f"vLLM plans; the device is already too full to measure (free it, or audit a scaled plan with "
+            f"--num-blocks {fit})")
 
 
 def _layer_order_key(name: str) -> tuple[int, str]:
@@ -77,41 +112,105 @@ def run_audit(
     meter: Meter,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> AuditResult:
-    """Allocate with ``strategy`` on ``meter``'s device, measure, attribute, and judge."""
+    """Allocate with ``strategy`` on ``meter``'s device, measure, release, attribute, and judge."""
     kv_transfer = deployment.kv_transfer
-    _check_room(plan, strategy, meter, kv_transfer)
+    dry = dry_run(plan, strategy, kv_transfer)
+    _check_room(plan, strategy, meter, dry)
     meter.start()
     recorder = StorageRecorder()
+    raw: dict = {}
+    oom_message = None
     try:
         with recorder:
             raw = _allocate(strategy, plan, meter.device(), kv_transfer)
+    except _OutOfMemory as e:
+        oom_message = str(e)
     finally:
         reading = meter.stop()
-    try:
-        attr = attribute(raw)
-        return _judge(deployment, plan, strategy, meter, tolerance, reading, attr, recorder, set(raw))
-    finally:
-        del raw
-        meter.release()
+    attr = attribute(raw)
+    got = set(raw)
+    raw = {}  # drop the strategy's tensors, then check that their memory comes back
+    after = meter.release()
+    leaked = recorder.live_bytes()
+    if after is not None and reading.before is not None:
+        leaked = max(leaked, after.allocated - reading.before.allocated)
+    device_oom = _device_oom(plan, dry, recorder, oom_message) if oom_message else None
+    return _judge(deployment, plan, strategy, meter, tolerance, reading, attr, dry, got, device_oom, leaked, after)
+
+
+def _device_oom(plan: KVPlan, dry: DryRun, recorder: StorageRecorder, message: str) -> DeviceOom:
+    """Where the device ran out: the next allocation after those that succeeded, named by the dry run."""
+    done = len(recorder.events)
+    layers = dry.layers[done] if done < len(dry.layers) else ()
+    parsed = parse_oom(message)  # the message rounds to 2 decimals: the dry run's size is exact
+    request = dry.sizes[done] if done < len(dry.sizes) else (parsed.tried if parsed else None)
+    return DeviceOom(allocation=done + 1, allocations=len(dry.sizes), request_bytes=request,
+                     allocated_before_bytes=sum(e.nbytes for e in recorder.events),
+                     free_bytes=parsed.free if parsed else None,
+                     tensor=plan.tensor_of(layers[0]) if layers and layers[0] in plan.layer_specs else None,
+                     layers=layers, message=message)
 
 
 def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolerance: float,
-           reading: MemoryReading, attr: Attribution, recorder: StorageRecorder,
-           got: set[str]) -> AuditResult:
+           reading: MemoryReading, attr: Attribution, dry: DryRun, got: set[str], device_oom: DeviceOom | None,
+           leaked: int, after: Snapshot | None) -> AuditResult:
     planned_layers = sorted(plan.layer_specs, key=_layer_order_key)
     expected = plan.planned_bytes
-    allocated = reading.allocated
+    # what the code asked for, where the meter tells it apart from the allocator's rounding
+    allocated = reading.requested if reading.requested is not None else reading.allocated
+    rounding = reading.allocated - reading.requested if reading.requested is not None else None
     allowance = ALIGNMENT * len(plan.tensors) if d.kv_transfer else 0
     tol_bytes = allowance + int(round(tolerance * expected))
     reasons: list[str] = []
 
-    missing = [n for n in planned_layers if n not in got]
-    if missing:
-        reasons.append(f"{len(missing)} planned layer(s) got no memory, first {missing[0]}")
+    if device_oom is None:
+        missing = [n for n in planned_layers if n not in got]
+        if missing:
+            reasons.append(f"{len(missing)} planned layer(s) got no memory, first {missing[0]}")
     extra = sorted(got - set(plan.layer_specs))
     if extra:
         reasons.append(f"memory for {len(extra)} layer(s) vLLM did not plan, first {extra[0]}")
 
+    layers, groups, tensors = _rows(plan, attr, planned_layers) if device_oom is None else ((), (), ())
+    region_allowance = ALIGNMENT if d.kv_transfer else 0
+    split = [t for t in tensors if len(t.shared_by) > 1 and t.storages > 1
+             and t.allocated - t.expected > region_allowance + tolerance * t.expected]
+    if split:
+        worst = max(split, key=lambda t: t.allocated / t.expected)
+        reasons.append(f"{len(split)} of {len(tensors)} shared tensors split into private buffers (tensor "
+                       f"{worst.tensor}: {worst.storages} storages for {len(worst.shared_by)} layers, "
+                       f"{worst.allocated / worst.expected:.2f}× its size)")
+
+    over, under = allocated - expected, expected - allocated
+    if device_oom is not None:
+        reasons.insert(0, _oom_reason(device_oom, meter))
+    elif over > tol_bytes:
+        reasons.insert(0, f"allocates {fmt_bytes(allocated)} for a plan of {fmt_bytes(expected)}: "
+                          f"{allocated / expected:.2f}×, {fmt_bytes(over)} over a tolerance of {fmt_bytes(tol_bytes)}")
+    elif under > int(round(tolerance * expected)):
+        reasons.insert(0, f"allocates {fmt_bytes(allocated)}, {fmt_bytes(under)} less than the planned "
+                          f"{fmt_bytes(expected)} (tolerance {tolerance:.2%})")
+    if leaked > 0:
+        reasons.append(f"leaks {fmt_bytes(leaked)} ({leaked:,} B): still allocated after its tensors were "
+                       "released")
+    verdict = Verdict.FAIL if reasons else Verdict.PASS
+
+    projected = d.non_kv_bytes + dry.total_bytes
+    return AuditResult(
+        strategy=strategy.name, strategy_title=strategy.title, strategy_releases=strategy.releases,
+        meter=meter.name, plan=plan,
+        expected_bytes=expected, allocated_bytes=allocated, attributed_bytes=attr.total_bytes,
+        padding_bytes=sum(attr.storage_padding.values()), allocations=len(dry.sizes),
+        tolerance_bytes=tol_bytes, alignment_allowance_bytes=allowance,
+        verdict=verdict, reasons=tuple(reasons), reading=reading,
+        projected_bytes=projected, projected_utilization=projected / d.device_memory_bytes,
+        requested_utilization=d.gpu_memory_utilization, oom=_oom_point(d, plan, dry),
+        groups=groups, tensors=tensors, layers=layers, device_oom=device_oom, rounding_bytes=rounding,
+        leaked_bytes=leaked, after_release=after)
+
+
+def _rows(plan: KVPlan, attr: Attribution, planned_layers: list[str]) -> tuple[tuple, tuple, tuple]:
+    """Per-layer, per-group and per-tensor rows: planned shares against attributed bytes."""
     layers = []
     for name in planned_layers:
         ti = plan.tensor_of(name)
@@ -133,48 +232,30 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
             tensor=i, expected=t.size,
             allocated=round(sum(attr.layer_bytes.get(n, Fraction(0)) for n in t.shared_by)),
             storages=len(keys), padding=sum(attr.storage_padding[k] for k in keys), shared_by=t.shared_by))
-    split = [t for t in tensors if len(t.shared_by) > 1 and t.storages > 1]
-    if split and any(t.allocated > t.expected for t in split):
-        worst = max(split, key=lambda t: t.allocated / t.expected)
-        reasons.append(f"{len(split)} of {len(tensors)} shared tensors split into private buffers (tensor "
-                       f"{worst.tensor}: {worst.storages} storages for {len(worst.shared_by)} layers, "
-                       f"{worst.allocated / worst.expected:.2f}× its size)")
-
-    over, under = allocated - expected, expected - allocated
-    if over > tol_bytes:
-        reasons.insert(0, f"allocates {fmt_bytes(allocated)} for a plan of {fmt_bytes(expected)}: "
-                          f"{allocated / expected:.2f}×, {fmt_bytes(over)} over a tolerance of {fmt_bytes(tol_bytes)}")
-    elif under > int(round(tolerance * expected)):
-        reasons.insert(0, f"allocates {fmt_bytes(allocated)}, {fmt_bytes(under)} less than the planned "
-                          f"{fmt_bytes(expected)} (tolerance {tolerance:.2%})")
-    failed = over > tol_bytes or under > int(round(tolerance * expected)) or bool(missing) or bool(extra)
-    if not failed:
-        reasons = []
-
-    projected = d.non_kv_bytes + allocated
-    return AuditResult(
-        strategy=strategy.name, strategy_title=strategy.title, strategy_releases=strategy.releases,
-        meter=meter.name, plan=plan,
-        expected_bytes=expected, allocated_bytes=allocated, attributed_bytes=attr.total_bytes,
-        padding_bytes=sum(attr.storage_padding.values()), allocations=len(recorder.events),
-        tolerance_bytes=tol_bytes, alignment_allowance_bytes=allowance,
-        verdict=Verdict.FAIL if failed else Verdict.PASS, reasons=tuple(reasons), reading=reading,
-        projected_bytes=projected, projected_utilization=projected / d.device_memory_bytes,
-        requested_utilization=d.gpu_memory_utilization, oom=_oom_point(d, plan, attr, recorder),
-        groups=groups, tensors=tuple(tensors), layers=tuple(layers))
+    return tuple(layers), groups, tuple(tensors)
 
 
-def _oom_point(d: Deployment, plan: KVPlan, attr: Attribution, recorder: StorageRecorder) -> OomPoint | None:
+def _oom_reason(o: DeviceOom, meter: Meter) -> str:
+    where = f"tensor {o.tensor} ({', '.join(o.layers)})" if o.tensor is not None else "a storage no layer uses"
+    need = (f"; it needed {fmt_bytes(o.needed_more_bytes)} more than the {fmt_bytes(o.free_bytes)} free"
+            if o.needed_more_bytes is not None and o.free_bytes is not None else "")
+    request = fmt_bytes(o.request_bytes) if o.request_bytes is not None else "an allocation"
+    said = o.message.split(" If reserved memory")[0].split(" Including non-PyTorch memory")[0]
+    return (f"ran out of memory on the {meter.name} meter at allocation {o.allocation} of {o.allocations}: "
+            f"{request} for {where}, with {fmt_bytes(o.allocated_before_bytes)} already allocated{need} "
+            f"(the allocator said: {said})")
+
+
+def _oom_point(d: Deployment, plan: KVPlan, dry: DryRun) -> OomPoint | None:
     """Walk the strategy's allocations in order on a device of the deployment's size."""
     free = d.device_memory_bytes - d.non_kv_bytes
     held = 0
-    for i, ev in enumerate(recorder.events, start=1):
-        if held + ev.nbytes > free:
-            users = attr.storage_layers.get(ev.key, ())
+    for i, (size, users) in enumerate(zip(dry.sizes, dry.layers), start=1):
+        if held + size > free:
             tensor = plan.tensor_of(users[0]) if users and users[0] in plan.layer_specs else None
-            return OomPoint(allocation=i, request_bytes=ev.nbytes, allocated_before_bytes=held,
+            return OomPoint(allocation=i, request_bytes=size, allocated_before_bytes=held,
                             free_bytes=free, tensor=tensor, layers=users)
-        held += ev.nbytes
+        held += size
     return None
 
 

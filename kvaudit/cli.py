@@ -102,6 +102,7 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.deployment import get_preset, load_preset_spec, make_deployment
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
+    from kvaudit.results import Report
     from kvaudit.spec import load_model_spec
     from kvaudit.strategies import STRATEGIES, resolve_strategy
     from kvaudit.units import parse_size
@@ -128,10 +129,10 @@ def audit_command(a: argparse.Namespace) -> int:
     meter = select_meter(a.meter, a.device_index)
     _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
           f"strategies on the {meter.name} meter")
-    results = core.audit_all(dep, strategies, meter, a.tolerance)
-    code = core.exit_code(results)
-    _render(dep, results, meter.name, vllm_version(), code, Format(a.fmt), Detail(a.detail))
-    return code
+    rep = Report(deployment=dep, audits=tuple(core.audit_all(dep, strategies, meter, a.tolerance)),
+                 meter=meter.name, meter_device=meter.describe(), vllm_version=vllm_version())
+    _render(rep, Format(a.fmt), Detail(a.detail))
+    return rep.exit_code
 
 
 def meters_command(a: argparse.Namespace) -> int:
@@ -147,22 +148,21 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _render(dep: Any, results: list, meter: str, version: str | None, code: int, fmt: Format,
-            detail: Detail) -> None:
+def _render(rep: Any, fmt: Format, detail: Detail) -> None:
     from kvaudit import report
 
     if fmt is Format.json:
-        sys.stdout.write(report.to_json(dep, results, meter, version, code) + "\n")
+        sys.stdout.write(report.to_json(rep) + "\n")
     else:
         from rich.console import Console
 
         width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH
         console = Console(highlight=False, soft_wrap=False, width=width)
-        for renderable in report.render_tables(dep, results, meter, version, detail.value):
+        for renderable in report.render_tables(rep, detail.value):
             console.print(renderable)
             console.print()
     sys.stdout.flush()
-    _note(report.summary_line(results, meter, version))
+    _note(report.summary_line(rep))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from kvaudit.errors import MeterUnavailable, UsageError
-from kvaudit.results import MemoryReading
+from kvaudit.results import MemoryReading, Snapshot
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # see accounting.py
 
@@ -43,8 +43,9 @@ class Meter(Protocol):
     def stop(self) -> MemoryReading:
         """Read what was allocated since ``start`` (the strategy's tensors are still alive)."""
 
-    def release(self) -> None:
-        """Return cached memory after the strategy's tensors were dropped."""
+    def release(self) -> Snapshot | None:
+        """Return cached memory after the strategy's tensors were dropped; the device's counters
+        afterwards (device meters), for the leak check."""
 
 
 class MetaMeter:
@@ -83,8 +84,8 @@ class MetaMeter:
         live = rec.live_bytes()
         return MemoryReading(allocated=live, peak=rec.peak, requested=live)
 
-    def release(self) -> None:  # noqa: D102
-        pass
+    def release(self) -> Snapshot | None:  # noqa: D102
+        return None
 
 
 class CpuMeter:
@@ -130,8 +131,8 @@ class CpuMeter:
             peak = max(peak, running)
         return MemoryReading(allocated=running, peak=peak)
 
-    def release(self) -> None:  # noqa: D102
-        pass
+    def release(self) -> Snapshot | None:  # noqa: D102
+        return None
 
 
 @dataclass
@@ -200,15 +201,17 @@ class DeviceMeter:
             allocated=b.memory_allocated(self.index) - alloc0,
             peak=b.max_memory_allocated(self.index) - alloc0,
             reserved=b.memory_reserved(self.index) - reserved0,
-            requested=None if req is None or req0 is None else req - req0)
+            requested=None if req is None or req0 is None else req - req0,
+            before=Snapshot(alloc0, reserved0))
 
-    def release(self) -> None:  # noqa: D102
+    def release(self) -> Snapshot | None:  # noqa: D102
         import gc
 
         gc.collect()
         b = self.backend()
         b.synchronize(self.index)
         b.empty_cache()
+        return Snapshot(b.memory_allocated(self.index), b.memory_reserved(self.index))
 
 
 def _torch_missing() -> str | None:

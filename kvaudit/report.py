@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit import __version__
 from kvaudit.deployment import DEVICES, Deployment
-from kvaudit.results import AuditResult, KVPlan, Verdict
+from kvaudit.results import AuditResult, KVPlan, Report, Verdict
 from kvaudit.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -31,37 +31,38 @@ def meter_label(meter: str) -> str:
     }.get(meter, meter)
 
 
-def to_dict(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
-            exit_code: int) -> dict[str, Any]:
+def to_dict(rep: Report) -> dict[str, Any]:
     """The JSON report (schema in ``kvaudit/report.schema.json``)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "kvaudit_version": __version__,
-        "vllm_version": vllm_version,
-        "meter": meter,
-        "meter_label": meter_label(meter),
-        "model": d.model.name,
-        "deployment": d.to_dict(),
-        "plan": results[0].plan.to_dict() if results else None,
-        "audits": [r.to_dict() for r in results],
-        "exit_code": exit_code,
+        "vllm_version": rep.vllm_version,
+        "meter": rep.meter,
+        "meter_label": meter_label(rep.meter),
+        "meter_device": rep.meter_device,
+        "model": rep.deployment.model.name,
+        "deployment": rep.deployment.to_dict(),
+        "plan": rep.audits[0].plan.to_dict() if rep.audits else None,
+        "audits": [r.to_dict() for r in rep.audits],
+        "exit_code": rep.exit_code,
     }
 
 
-def to_json(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
-            exit_code: int) -> str:
+def to_json(rep: Report) -> str:
     """The JSON report as text."""
-    return json.dumps(to_dict(d, results, meter, vllm_version, exit_code), indent=2)
+    return json.dumps(to_dict(rep), indent=2)
 
 
-def summary_line(results: list[AuditResult], meter: str, vllm_version: str | None) -> str:
+def summary_line(rep: Report) -> str:
     """One line for stderr: the overall verdict, the failing strategies, the meter and vLLM."""
+    results = rep.audits
     failed = [r for r in results if r.verdict is Verdict.FAIL]
-    where = f"meter {meter}" + (" (accounting only, not a device measurement)" if meter == "meta" else "")
-    tail = f"{where}; planned by vLLM {vllm_version}"
+    where = f"meter {rep.meter}" + (" (accounting only, not a device measurement)" if rep.meter == "meta" else "")
+    tail = f"{where}; planned by vLLM {rep.vllm_version}"
     if not failed:
         return f"kvaudit: PASS: {len(results)} of {len(results)} strategies allocate what vLLM planned; {tail}"
-    worst = ", ".join(f"{r.strategy} {r.ratio:.2f}×" for r in failed)
+    worst = ", ".join(f"{r.strategy} {'out of memory' if r.device_oom else f'{r.ratio:.2f}×'}"
+                      + (" leaks" if r.leaked_bytes else "") for r in failed)
     return f"kvaudit: FAIL: {len(failed)} of {len(results)} strategies do not allocate what vLLM planned ({worst}); {tail}"
 
 
@@ -114,12 +115,12 @@ def _verdict(v: Verdict) -> str:
     return f"[bold green]{v.value}[/]" if v is Verdict.PASS else f"[bold red]{v.value}[/]"
 
 
-def _oom_text(r: AuditResult) -> str:
-    if r.oom is None:
+def _oom_text(o: Any, allocations: int) -> str:
+    """``alloc 21/60, tensor 4`` for a projected or measured out-of-memory point; ``—`` for none."""
+    if o is None:
         return "—"
-    o = r.oom
     where = f"tensor {o.tensor}" if o.tensor is not None else "an unplanned storage"
-    return f"alloc {o.allocation}/{r.allocations}, {where}"
+    return f"alloc {o.allocation}/{allocations}, {where}"
 
 
 def _plans(results: list[AuditResult]) -> list[tuple[KVPlan, list[str]]]:
@@ -129,14 +130,15 @@ def _plans(results: list[AuditResult]) -> list[tuple[KVPlan, list[str]]]:
     return list(seen.values())
 
 
-def render_tables(d: Deployment, results: list[AuditResult], meter: str, vllm_version: str | None,
-                  detail: str = "layers") -> list["RenderableType"]:
+def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]:
     """Everything a person reads, top to bottom: deployment, plans, per-strategy detail, summary."""
     from rich.table import Table
     from rich.text import Text
 
+    d, results, meter, vllm_version = rep.deployment, list(rep.audits), rep.meter, rep.vllm_version
     out: list[Any] = [Text.from_markup(
-        f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · meter: [bold]{meter_label(meter)}[/]")]
+        f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · meter: [bold]{meter_label(meter)}[/]"
+        + (f"\nmeasured on {rep.meter_device}" if rep.meter in ("cuda", "npu") else ""))]
 
     dep = Table(title="Deployment (one rank)", title_justify="left", show_header=False, box=None, padding=(0, 2))
     dep.add_column(style="bold")
@@ -209,14 +211,22 @@ def _notes(results: list[AuditResult], d: Deployment) -> list[Any]:
 
     notes = [f"[bold]{r.strategy}[/]: {reason}" for r in results for reason in r.reasons]
     notes += [_oom_note(r, d) for r in results if r.oom is not None]
+    notes += [f"[bold]{r.strategy}[/]: allocator rounding {fmt_bytes(r.rounding_bytes, signed=True)} (handed out "
+              f"{fmt_bytes(r.reading.allocated)} for {fmt_bytes(r.reading.requested or 0)} requested; not counted "
+              "as the strategy's)" for r in results if r.rounding_bytes and r.meter in ("cuda", "npu")]
     return [Text.from_markup("\n".join("• " + n for n in notes))] if notes else []
 
 
 def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
     from rich.table import Table
 
+    outcome = "out of memory" if r.device_oom else f"{r.ratio:.2f}×"
     title = (f"{r.strategy} ({r.strategy_releases}: {r.strategy_title}) · plan {r.plan.platform}, block "
-             f"{r.plan.block_size}, {r.plan.num_blocks:,} blocks · {r.verdict.value} {r.ratio:.2f}×")
+             f"{r.plan.block_size}, {r.plan.num_blocks:,} blocks · {r.verdict.value} {outcome}")
+    if r.device_oom:
+        from rich.text import Text
+
+        return [Text(f"{title}\n  no per-layer rows: the strategy ran out of memory before it returned its tensors")]
     gt = Table(title=title, title_justify="left")
     for col in ("group", "spec", "layers", "expected", "allocated", "ratio"):
         gt.add_column(col, justify="left" if col == "spec" else "right")
@@ -254,13 +264,15 @@ def _summary_table(results: list[AuditResult], meter: str) -> Any:
     asked = results[0].requested_utilization if results else 0
     t = Table(title=f"Audit per strategy (projected device utilization vs the {asked} asked) · meter "
                     f"{meter_label(meter)}", title_justify="left")
-    for col in ("strategy", "release", "expected", "allocated", "ratio", "util", "device OOM", "verdict"):
+    for col in ("strategy", "release", "expected", "allocated", "ratio", "util", "OOM (deployment)", "verdict"):
         t.add_column(col, justify="right" if col in ("expected", "allocated", "ratio", "util") else "left",
-                     no_wrap=col != "device OOM")
+                     no_wrap=True)
     for r in results:
-        t.add_row(r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes),
-                  fmt_bytes(r.allocated_bytes), _ratio(r.allocated_bytes, r.expected_bytes),
-                  f"{r.projected_utilization:.3f}", _oom_text(r), _verdict(r.verdict))
+        o = r.device_oom
+        allocated = f"OOM at {o.allocation}/{o.allocations}" if o else fmt_bytes(r.allocated_bytes)
+        ratio = "—" if o else _ratio(r.allocated_bytes, r.expected_bytes)
+        t.add_row(r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes), allocated, ratio,
+                  f"{r.projected_utilization:.3f}", _oom_text(r.oom, r.allocations), _verdict(r.verdict))
     return t
 
 

@@ -109,6 +109,18 @@ class KVPlan:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A device allocator's absolute counters at one moment."""
+
+    allocated: int
+    reserved: int | None = None
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"allocated": self.allocated, "reserved": self.reserved}
+
+
+@dataclass(frozen=True)
 class MemoryReading:
     """What a meter saw across one strategy run, relative to the start of the run."""
 
@@ -120,6 +132,13 @@ class MemoryReading:
     """Bytes the caching allocator reserved from the device, where the meter has it."""
     requested: int | None = None
     """Bytes the code asked for, before allocator rounding, where the meter has it."""
+    before: Snapshot | None = None
+    """The device's counters before the strategy ran (device meters)."""
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"allocated": self.allocated, "peak": self.peak, "reserved": self.reserved,
+                "requested": self.requested, "before": self.before.to_dict() if self.before else None}
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,39 @@ class OomPoint:
 
 
 @dataclass(frozen=True)
+class DeviceOom:
+    """A real out-of-memory error during a strategy: a finding, not a crash."""
+
+    allocation: int
+    """1-based index of the allocation that failed, in allocation order."""
+    allocations: int
+    """Allocations the strategy makes in all (from a dry run on ``meta``)."""
+    request_bytes: int | None
+    allocated_before_bytes: int
+    """Bytes of the storages the strategy had created when it failed."""
+    free_bytes: int | None
+    """Free device memory the error reported, where it did."""
+    tensor: int | None
+    layers: tuple[str, ...]
+    message: str
+    """The error's first line."""
+
+    @property
+    def needed_more_bytes(self) -> int | None:
+        """How much more the failing allocation needed than was free."""
+        if self.request_bytes is None or self.free_bytes is None:
+            return None
+        return max(0, self.request_bytes - self.free_bytes)
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"allocation": self.allocation, "allocations": self.allocations, "request_bytes": self.request_bytes,
+                "allocated_before_bytes": self.allocated_before_bytes, "free_bytes": self.free_bytes,
+                "needed_more_bytes": self.needed_more_bytes, "tensor": self.tensor, "layers": list(self.layers),
+                "message": self.message}
+
+
+@dataclass(frozen=True)
 class AuditResult:
     """One strategy run under one meter against one plan, with its verdict."""
 
@@ -200,7 +252,8 @@ class AuditResult:
     plan: KVPlan = field(repr=False)
     expected_bytes: int
     allocated_bytes: int
-    """As the meter measured it."""
+    """As the meter measured it: the bytes the code requested where the meter tells them apart from
+    the allocator's rounding, else what the allocator handed out."""
     attributed_bytes: int
     """Bytes of the storages that the layers' tensors live in."""
     padding_bytes: int
@@ -213,13 +266,22 @@ class AuditResult:
     reasons: tuple[str, ...]
     reading: MemoryReading
     projected_bytes: int
-    """Non-KV memory plus the allocated KV cache."""
+    """Non-KV memory plus the KV bytes the strategy allocates (from its dry run on ``meta``)."""
     projected_utilization: float
     requested_utilization: float
     oom: OomPoint | None
+    """Where a device of the deployment's size would run out of memory (a projection)."""
     groups: tuple[GroupRow, ...]
     tensors: tuple[TensorRow, ...]
     layers: tuple[LayerRow, ...]
+    device_oom: DeviceOom | None = None
+    """The out-of-memory error the measuring device raised during the strategy, if it did."""
+    rounding_bytes: int | None = None
+    """Allocator rounding: what it handed out minus what the code requested, where known."""
+    leaked_bytes: int = 0
+    """Bytes still allocated after the strategy's tensors were dropped and caches emptied."""
+    after_release: Snapshot | None = None
+    """The device's counters once the strategy's memory was released (device meters)."""
 
     @property
     def ratio(self) -> float:
@@ -244,8 +306,10 @@ class AuditResult:
             "padding_bytes": self.padding_bytes, "allocations": self.allocations,
             "tolerance_bytes": self.tolerance_bytes,
             "alignment_allowance_bytes": self.alignment_allowance_bytes,
-            "reading": {"allocated": self.reading.allocated, "peak": self.reading.peak,
-                        "reserved": self.reading.reserved, "requested": self.reading.requested},
+            "reading": self.reading.to_dict(), "rounding_bytes": self.rounding_bytes,
+            "leaked_bytes": self.leaked_bytes,
+            "after_release": self.after_release.to_dict() if self.after_release else None,
+            "device_oom": self.device_oom.to_dict() if self.device_oom else None,
             "projected_bytes": self.projected_bytes,
             "projected_utilization": round(self.projected_utilization, 6),
             "requested_utilization": self.requested_utilization,
@@ -261,3 +325,21 @@ class AuditResult:
                         "storages": r.storages, "shares_with": list(r.shares_with),
                         "planned_shares_with": list(r.planned_shares_with)} for r in self.layers],
         }
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one kvaudit run reports: the deployment, each strategy's audit, and what measured."""
+
+    deployment: Any = field(repr=False)
+    """The ``kvaudit.deployment.Deployment`` audited."""
+    audits: tuple[AuditResult, ...]
+    meter: str
+    meter_device: str
+    """What the meter measured on, e.g. ``cuda: NVIDIA H200 #0, 150,112,731,136 B total, ...``."""
+    vllm_version: str | None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every audited strategy passed, 1 when any failed."""
+        return 0 if all(r.verdict is Verdict.PASS for r in self.audits) else 1

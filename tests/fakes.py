@@ -1,12 +1,15 @@
 """A faithful fake of the ``torch.cuda`` / ``torch.npu`` memory API, driven by real allocations.
 
-While ``recording()`` is active, every new storage an op creates on ``meta`` is a block of the
-fake caching allocator: ``memory_allocated`` counts live blocks rounded up to 512 B (the CUDA
+While ``recording()`` is active, every new storage an op creates on the fake's device (``cpu``:
+real host memory stands in for device memory, so dry runs on ``meta`` are not counted) is a block of
+the fake caching allocator: ``memory_allocated`` counts live blocks rounded up to 512 B (the CUDA
 caching allocator's ``kMinBlockSize``; torch_npu's NPUCachingAllocator rounds the same way),
 ``memory_reserved`` counts segments (2 MiB for blocks up to 1 MiB, else the block rounded up to
 2 MiB) kept until ``empty_cache``, ``max_memory_allocated`` the peak since
 ``reset_peak_memory_stats``, and ``memory_stats()["requested_bytes.all.current"]`` the bytes asked
-for before rounding. Blocks are freed when their storage dies (checked at every API call).
+for before rounding. Blocks are freed when their storage dies (checked at every API call). When a
+new segment would exceed ``total``, the allocation raises ``torch.OutOfMemoryError`` with
+torch_npu's message, as the real allocator does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from torch.utils._pytree import tree_leaves
 MiB = 1 << 20
 
 
+def _format_size(n: int) -> str:
+    """As c10's ``format_size`` writes sizes into allocator messages: 2 decimals, the largest unit."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} bytes"
+
+
 def _round(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -31,8 +42,9 @@ def _round(n: int, to: int) -> int:
 class FakeAllocatorBackend:
     """The memory functions of ``torch.cuda``/``torch.npu`` over a simulated caching allocator."""
 
-    def __init__(self, total: int = 64 << 30, name: str = "Ascend910B4 (fake)", count: int = 1):
-        self.total, self.name, self.count = total, name, count
+    def __init__(self, total: int = 64 << 30, name: str = "Ascend910B4 (fake)", count: int = 1,
+                 device_type: str = "cpu"):
+        self.total, self.name, self.count, self.device_type = total, name, count, device_type
         self.blocks: list[tuple[StorageWeakRef, int, int]] = []  # (ref, requested, rounded)
         self.reserved = 0
         self.peak = 0
@@ -48,7 +60,8 @@ class FakeAllocatorBackend:
 
     def note(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
-        if st.nbytes() == 0 or any(ref.cdata == st._cdata and not ref.expired() for ref, _, _ in self.blocks):
+        if t.device.type != self.device_type or st.nbytes() == 0 or any(
+                ref.cdata == st._cdata and not ref.expired() for ref, _, _ in self.blocks):
             return
         n = st.nbytes()
         rounded = _round(n, 512)
@@ -56,9 +69,12 @@ class FakeAllocatorBackend:
         free_in_segments = self.reserved - self._allocated()
         if free_in_segments < rounded:
             if self.reserved + need > self.total:
+                gib = _format_size
                 raise torch.OutOfMemoryError(
-                    f"NPU out of memory. Tried to allocate {n / MiB:.2f} MiB (fake device; "
-                    f"{self.total / (1 << 30):.2f} GiB total capacity)")
+                    f"NPU out of memory. Tried to allocate {gib(n)} (NPU 0; {gib(self.total)} total capacity; "
+                    f"{gib(self._allocated())} already allocated; {gib(self._allocated())} current active; "
+                    f"{gib(self.total - self.reserved)} free; {gib(self.reserved)} reserved in total by PyTorch) "
+                    "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
             self.reserved += need
         self.blocks.append((StorageWeakRef(st), n, rounded))
         self.peak = max(self.peak, self._allocated())

@@ -107,12 +107,12 @@ def test_device_index_beyond_the_devices(monkeypatch):
 def test_device_meter_reads_allocator_counters(monkeypatch, device_type):
     """reset, baseline, allocated/reserved/peak deltas and requested bytes through the fake API."""
     fake = FakeAllocatorBackend()
-    m = DeviceMeter(device_type, "meta", lambda: fake)
+    m = DeviceMeter(device_type, "cpu", lambda: fake)  # host memory stands in for the device's
     with fake.recording():
-        base = torch.zeros(1000, dtype=torch.int8, device="meta")  # held before the run: not counted
+        base = torch.zeros(1000, dtype=torch.int8)  # held before the run: not counted
         m.start()
-        keep = torch.zeros(3 * (1 << 20) + 1, dtype=torch.int8, device="meta")
-        tmp = torch.zeros(10 << 20, dtype=torch.int8, device="meta")
+        keep = torch.zeros(3 * (1 << 20) + 1, dtype=torch.int8)
+        tmp = torch.zeros(10 << 20, dtype=torch.int8)
         del tmp
         r = m.stop()
     assert r.requested == 3 * (1 << 20) + 1
@@ -121,8 +121,9 @@ def test_device_meter_reads_allocator_counters(monkeypatch, device_type):
     assert r.reserved == (4 << 20) + (10 << 20)  # segments stay reserved until empty_cache
     assert fake.calls[:2] == ["synchronize", "reset_peak_memory_stats"]
     del keep, base
-    m.release()
-    assert "empty_cache" in fake.calls and fake.memory_reserved() == 0
+    after = m.release()
+    assert "empty_cache" in fake.calls and fake.memory_reserved() == 0 and after.allocated == 0
+    assert r.before.allocated == 1024  # the 1000 B held before the run, rounded
 
 
 def test_npu_meter_audits_through_the_fake_torch_npu(monkeypatch):
@@ -132,7 +133,7 @@ def test_npu_meter_audits_through_the_fake_torch_npu(monkeypatch):
     install_fake_torch_npu(monkeypatch, fake)  # after vLLM is imported: transformers probes torch_npu
     assert make_meter("npu").probe() is None
     assert "Ascend910B4 (fake)" in make_meter("npu").describe()
-    m = DeviceMeter("npu", "meta", meters._load_npu)  # the real loader, allocating on meta for the fake
+    m = DeviceMeter("npu", "cpu", meters._load_npu)  # the real loader; host memory stands in for the NPU's
     results = {}
     with fake.recording():
         for name, plan in plans.items():

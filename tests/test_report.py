@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from kvaudit import report
-from kvaudit.audit import audit_all, exit_code
+from kvaudit.audit import audit_all
+from kvaudit.results import Report
 from kvaudit.cli import Detail, Format, main
 from kvaudit.meters import MetaMeter
 from kvaudit.strategies import STRATEGIES
@@ -19,9 +20,10 @@ SCHEMA = json.loads((ROOT / "kvaudit" / "report.schema.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def audits():
+def rep():
     d = deployment()
-    return d, audit_all(d, list(STRATEGIES.values()), MetaMeter())
+    return Report(d, tuple(audit_all(d, list(STRATEGIES.values()), MetaMeter())), "meta", "meta: accounting",
+                  "0.33.0")
 
 
 def _golden(name: str, text: str, update: bool) -> None:
@@ -47,9 +49,9 @@ def test_golden_summary_of_the_dense_control(monkeypatch, capsys, update_golden)
     _golden("llama-3.1-8b-util0.9-meta.summary.txt", capsys.readouterr().out, update_golden)
 
 
-def test_json_round_trip_and_schema(audits):
-    d, results = audits
-    text = report.to_json(d, results, "meta", "0.33.0", exit_code(results))
+def test_json_round_trip_and_schema(rep):
+    d = rep.deployment
+    text = report.to_json(rep)
     doc = json.loads(text)
     jsonschema.validate(doc, SCHEMA)
     assert doc["schema_version"] == 1 and doc["meter"] == "meta" and doc["exit_code"] == 1
@@ -61,21 +63,19 @@ def test_json_round_trip_and_schema(audits):
     assert json.loads(json.dumps(doc)) == doc
 
 
-def test_schema_rejects_a_report_without_its_contract(audits):
-    d, results = audits
-    doc = report.to_dict(d, results, "meta", "0.33.0", 1)
+def test_schema_rejects_a_report_without_its_contract(rep):
+    doc = report.to_dict(rep)
     del doc["audits"][0]["verdict"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, SCHEMA)
 
 
 @pytest.mark.parametrize("detail", list(Detail))
-def test_every_detail_renders(audits, detail):
+def test_every_detail_renders(rep, detail):
     from rich.console import Console
 
-    d, results = audits
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
-    for r in report.render_tables(d, results, "meta", "0.33.0", detail.value):
+    for r in report.render_tables(rep, detail.value):
         console.print(r)
     text = console.export_text()
     assert "meter" in text and "meta (accounting" in text
@@ -93,16 +93,16 @@ def test_every_format_has_a_renderer(monkeypatch, capsys):
             json.loads(out)
 
 
-def test_summary_line_names_meter_and_vllm(audits):
-    d, results = audits
-    line = report.summary_line(results, "meta", "0.33.0")
+def test_summary_line_names_meter_and_vllm(rep):
+    line = report.summary_line(rep)
     assert "\n" not in line and line.startswith("kvaudit: FAIL: 2 of 4")
     assert "ascend-0.11 4.00×" in line and "meter meta (accounting only" in line and "vLLM 0.33.0" in line
-    passing = report.summary_line([r for r in results if r.verdict.value == "PASS"], "cpu", "0.33.0")
+    passing = report.summary_line(Report(rep.deployment, tuple(r for r in rep.audits if r.verdict.value == "PASS"),
+                                         "cpu", "cpu", "0.33.0"))
     assert passing.startswith("kvaudit: PASS") and "meter cpu" in passing
 
 
-def test_meta_pass_never_reads_as_a_device_pass(audits):
-    d, results = audits
-    assert re.search(r"meta.*not a device measurement", report.summary_line(results[:1], "meta", "x"))
+def test_meta_pass_never_reads_as_a_device_pass(rep):
+    one = Report(rep.deployment, rep.audits[:1], "meta", "meta", "x")
+    assert re.search(r"meta.*not a device measurement", report.summary_line(one))
     assert "no device measured" in report.meter_label("meta")

@@ -1,0 +1,69 @@
+"""Out-of-memory errors: recognise them and read the figures torch and torch_npu put in them.
+
+The messages look like (torch_npu, and CUDA before torch 2.1):
+``NPU out of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB already
+allocated; 57.49 GiB current active; 1.96 GiB free; 57.62 GiB reserved in total by PyTorch)``
+and (CUDA, torch 2.1+):
+``CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which
+1.50 GiB is free. ... Of the allocated memory 76.00 GiB is allocated by PyTorch, and 1.10 GiB is
+reserved by PyTorch but unallocated.``
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SIZE = r"([0-9]+(?:\.[0-9]+)?) ?([KMGT]i?B|bytes|B)"
+_UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+_PATTERNS = {
+    "tried": [rf"Tried to allocate {_SIZE}"],
+    "total": [rf"{_SIZE} total capacity", rf"total capacity of {_SIZE}"],
+    "free": [rf"{_SIZE} free\b", rf"of which {_SIZE} is free"],
+    "allocated": [rf"{_SIZE} already allocated", rf"{_SIZE} is allocated by PyTorch"],
+    "reserved": [rf"{_SIZE} reserved in total by PyTorch"],
+}
+
+
+@dataclass(frozen=True)
+class OomMessage:
+    """The figures of one out-of-memory message (bytes; ``None`` where the message lacks one)."""
+
+    device: str | None
+    """``NPU 0``, ``GPU 0``, or ``None``."""
+    tried: int | None
+    total: int | None
+    free: int | None
+    allocated: int | None
+    reserved: int | None
+
+
+def _size(number: str, unit: str) -> int:
+    return int(round(float(number) * _UNITS[unit]))
+
+
+def parse_oom(text: str) -> OomMessage | None:
+    """The figures of an out-of-memory message, or ``None`` when ``text`` is not one."""
+    if "out of memory" not in text.lower():
+        return None
+    found: dict[str, int | None] = {}
+    for key, patterns in _PATTERNS.items():
+        found[key] = None
+        for p in patterns:
+            m = re.search(p, text)
+            if m:
+                found[key] = _size(m.group(1), m.group(2))
+                break
+    dev = re.search(r"\b(NPU|GPU) ?(\d+)\b", text)
+    return OomMessage(device=f"{dev.group(1)} {dev.group(2)}" if dev else None, **found)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether an exception is an allocator running out of memory (device or host)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, torch.cuda's alias
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)

@@ -1,0 +1,120 @@
+"""Device meters at work, through the fake torch.npu: rounding apart from waste, a device too full
+to measure, a real out-of-memory as a finding with the other strategies still audited, the leak check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvaudit import meters
+from kvaudit.audit import audit_all, dry_run, run_audit
+from kvaudit.cli import main
+from kvaudit.errors import MeterUnavailable
+from kvaudit.meters import DeviceMeter
+from kvaudit.results import Verdict
+from kvaudit.strategies import STRATEGIES, Strategy, allocate_per_planned_tensor
+from conftest import deployment, plan_for
+from fakes import FakeAllocatorBackend, install_fake_torch_npu
+
+GiB = 1 << 30
+SCALED = dict(num_blocks_override=64, max_model_len=1024)  # ascend-0.11 needs 1.13 GiB, the others < 0.6 GiB
+
+
+@pytest.fixture
+def npu(monkeypatch):
+    """A fake 1 GiB NPU behind the real ``npu`` meter (host memory stands in for device memory)."""
+    d = deployment(**SCALED)
+    for s in STRATEGIES.values():
+        plan_for(d, s.platform)  # plan before torch_npu appears: transformers probes for it
+    fake = FakeAllocatorBackend(total=1 * GiB)
+    install_fake_torch_npu(monkeypatch, fake)
+    meter = DeviceMeter("npu", "cpu", meters._load_npu)
+    with fake.recording():
+        yield d, fake, meter
+
+
+def test_out_of_memory_is_a_finding_and_the_others_still_run(npu):
+    d, fake, meter = npu
+    results = {r.strategy: r for r in audit_all(d, list(STRATEGIES.values()), meter)}
+    bad = results["ascend-0.11"]
+    o = bad.device_oom
+    assert bad.verdict is Verdict.FAIL and o is not None
+    # the failing allocation is named by the dry run: its tensor, its layers, how much was allocated by then
+    dry = dry_run(bad.plan, STRATEGIES["ascend-0.11"], False)
+    assert o.allocations == 60 and 1 < o.allocation <= 60
+    assert o.layers == dry.layers[o.allocation - 1] and o.tensor == bad.plan.tensor_of(o.layers[0])
+    assert o.allocated_before_bytes == sum(dry.sizes[:o.allocation - 1])
+    assert o.request_bytes is not None and o.free_bytes is not None and o.needed_more_bytes > 0
+    assert o.message.startswith("NPU out of memory. Tried to allocate")
+    assert "ran out of memory on the npu meter at allocation" in bad.reasons[0]
+    assert bad.leaked_bytes == 0 and bad.layers == ()
+    # memory released, and the strategies after it were audited as usual
+    assert fake.memory_allocated() == 0
+    assert results["ascend-0.12"].ratio == pytest.approx(2.0, rel=0.005) and results["ascend-0.12"].device_oom is None
+    assert results["ascend-0.16"].verdict is Verdict.PASS and results["vllm"].verdict is Verdict.PASS
+
+
+def test_requested_bytes_are_judged_and_rounding_reported_apart(npu):
+    d, fake, meter = npu
+    s = STRATEGIES["ascend-0.16"]
+    r = run_audit(d, plan_for(d, s.platform), s, meter)
+    assert r.allocated_bytes == r.reading.requested == r.expected_bytes
+    assert r.rounding_bytes == r.reading.allocated - r.reading.requested
+    assert r.verdict is Verdict.PASS
+    assert r.reading.before is not None and r.after_release is not None
+    assert r.after_release.allocated == r.reading.before.allocated
+
+
+def test_a_device_already_too_full_is_exit_3(npu):
+    d, fake, meter = npu
+    hog = torch.zeros(900 << 20, dtype=torch.int8)  # someone else's 900 MiB on the "device"
+    s = STRATEGIES["vllm"]
+    with pytest.raises(MeterUnavailable, match="already too full to measure") as e:
+        run_audit(d, plan_for(d, s.platform), s, meter)
+    assert e.value.exit_code == 3 and "--num-blocks" in str(e.value)
+    del hog
+
+
+_KEPT: list = []
+
+
+def _leaky(plan, device, kv_transfer):
+    raw = allocate_per_planned_tensor(plan, device)
+    _KEPT.append(torch.zeros(4 << 20, dtype=torch.int8, device=device))  # a buffer it never gives back
+    return raw
+
+
+def test_a_strategy_that_keeps_memory_fails_the_leak_check(npu):
+    d, fake, meter = npu
+    s = Strategy("leaky", "keeps a buffer", "cuda", "test", _leaky)
+    try:
+        r = run_audit(d, plan_for(d, "cuda"), s, meter)
+    finally:
+        _KEPT.clear()
+    assert r.verdict is Verdict.FAIL and r.leaked_bytes >= 4 << 20
+    assert any("leaks 4.00 MiB" in x for x in r.reasons)
+
+
+def test_meta_meter_leak_check_needs_no_device():
+    from kvaudit.meters import MetaMeter
+
+    d = deployment()
+    s = Strategy("leaky", "keeps a buffer", "cuda", "test", _leaky)
+    try:
+        r = run_audit(d, plan_for(d, "cuda"), s, MetaMeter())
+    finally:
+        _KEPT.clear()
+    assert r.leaked_bytes == 4 << 20 and r.verdict is Verdict.FAIL
+
+
+def test_out_of_memory_through_the_cli(npu, capsys, monkeypatch):
+    d, fake, meter = npu
+    monkeypatch.setattr(meters, "make_meter", lambda name, index=0: DeviceMeter("npu", "cpu", meters._load_npu))
+    code = main(["qwen3-next", "--util", "0.7", "--num-blocks", "64", "--max-model-len", "1024", "--meter", "npu",
+                 "--detail", "groups"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "measured on npu: Ascend910B4 (fake) #0" in out and "OOM at 53/60" in out
+    assert "no per-layer rows: the strategy ran out of memory" in out
+    assert "ascend-0.11 out of memory" in err.splitlines()[-1]
+    assert fake.memory_allocated() == 0

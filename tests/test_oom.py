@@ -1,0 +1,44 @@
+"""Reading out-of-memory messages (torch_npu's and CUDA's wordings)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvaudit.oom import is_out_of_memory, parse_oom
+
+GiB, MiB = 1 << 30, 1 << 20
+NPU = ("RuntimeError: NPU out of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB "
+       "already allocated; 57.49 GiB current active; 1.96 GiB free; 57.62 GiB reserved in total by PyTorch) If "
+       "reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
+CUDA_OLD = ("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already "
+            "allocated; 3.12 MiB free; 14.70 GiB reserved in total by PyTorch)")
+CUDA_NEW = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+            "1.50 GiB is free. Including non-PyTorch memory, this process has 77.64 GiB memory in use. Of the "
+            "allocated memory 76.00 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated.")
+
+
+@pytest.mark.parametrize("text,device,tried,total,free,allocated,reserved", [
+    (NPU, "NPU 0", 2.57 * GiB, 60.96 * GiB, 1.96 * GiB, 57.49 * GiB, 57.62 * GiB),
+    (CUDA_OLD, "GPU 0", 20 * MiB, 15.78 * GiB, 3.12 * MiB, 14.56 * GiB, 14.70 * GiB),
+    (CUDA_NEW, "GPU 0", 2 * GiB, 79.15 * GiB, 1.5 * GiB, 76 * GiB, None),
+])
+def test_figures_of_each_wording(text, device, tried, total, free, allocated, reserved):
+    m = parse_oom(text)
+    assert m.device == device
+    assert m.tried == round(tried) and m.total == round(total) and m.free == round(free)
+    assert m.allocated == round(allocated)
+    assert m.reserved == (round(reserved) if reserved else None)
+
+
+def test_not_an_oom_message():
+    assert parse_oom("RuntimeError: shape mismatch") is None
+
+
+def test_which_exceptions_are_out_of_memory():
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
+    assert is_out_of_memory(RuntimeError(NPU))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory"))
+    assert not is_out_of_memory(RuntimeError("Expected all tensors to be on the same device"))
+    assert not is_out_of_memory(ValueError("out of memory"))
