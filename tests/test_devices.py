@@ -118,3 +118,34 @@ def test_out_of_memory_through_the_cli(npu, capsys, monkeypatch):
     assert "no per-layer rows: the strategy ran out of memory" in out
     assert "ascend-0.11 out of memory" in err.splitlines()[-1]
     assert fake.memory_allocated() == 0
+
+
+@pytest.mark.cuda
+def test_cuda_full_scale_bytes_equal_the_meta_accounting():
+    """On a real GPU: Qwen3-Next at the TP 4 budget, every strategy; measured (requested) bytes equal
+    the meta accounting exactly, and the allocator's rounding stays under 2 MiB per allocation."""
+    from kvaudit.meters import MetaMeter, make_meter
+
+    d = deployment()
+    cuda = make_meter("cuda")
+    for s in STRATEGIES.values():
+        plan = plan_for(d, s.platform)
+        on_meta = run_audit(d, plan, s, MetaMeter())
+        on_gpu = run_audit(d, plan, s, cuda)
+        assert on_gpu.allocated_bytes == on_meta.allocated_bytes
+        assert 0 <= on_gpu.rounding_bytes < (2 << 20) * on_gpu.allocations
+        assert on_gpu.leaked_bytes == 0 and on_gpu.device_oom is None
+
+
+@pytest.mark.cuda
+def test_cuda_budget_that_makes_the_4x_strategy_run_out_on_purpose():
+    from kvaudit.meters import make_meter
+
+    cuda = make_meter("cuda")
+    free = cuda.free_bytes()
+    d = deployment(kv_cache_memory_bytes=int(free / 3))  # 1x and 2x fit; 4x cannot
+    results = {r.strategy: r for r in audit_all(d, list(STRATEGIES.values()), cuda)}
+    assert results["ascend-0.11"].device_oom is not None
+    assert results["ascend-0.12"].device_oom is None and results["ascend-0.12"].ratio == pytest.approx(2.0, rel=0.005)
+    assert results["vllm"].verdict is Verdict.PASS and results["ascend-0.16"].verdict is Verdict.PASS
+    assert all(r.leaked_bytes == 0 for r in results.values())
