@@ -3,11 +3,13 @@ counted at c10's CPU allocator through the profiler), ``meta`` (accounting only,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from kvaudit.errors import MeterUnavailable, UsageError
 from kvaudit.results import MemoryReading, Snapshot
@@ -118,11 +120,13 @@ class CpuMeter:
         from torch.profiler import ProfilerActivity, profile
 
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._prof.__enter__()
+        with _native_stderr_silenced():  # kineto prints "profiler_start" lines from C++
+            self._prof.__enter__()
 
     def stop(self) -> MemoryReading:  # noqa: D102
         prof, self._prof = self._prof, None
-        prof.__exit__(None, None, None)
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
         events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
                         if e.self_cpu_memory_usage)
         running = peak = 0
@@ -212,6 +216,20 @@ class DeviceMeter:
         b.synchronize(self.index)
         b.empty_cache()
         return Snapshot(b.memory_allocated(self.index), b.memory_reserved(self.index))
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for a moment (native libraries' chatter)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _torch_missing() -> str | None:
