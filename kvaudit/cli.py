@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        f"{preset.max_model_len}, {preset.device}, unless options say otherwise.")
         _audit_options(p)
         p.set_defaults(preset=name, config=None)
+    tri = sub.add_parser("triage", help="from a pasted OOM report to a root-cause report",
+                         description="Read a pasted vLLM / vllm-ascend report (logs, traceback, smi tables, versions), "
+                                     "reconstruct the deployment, audit the reported release's allocator and the fixed "
+                                     "one, and write a report to paste into the issue.")
+    tri.add_argument("report", help="the report: a file, or - for stdin")
+    tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
+    tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
+                     help="markdown (default) or json")
     sub.add_parser("meters", help="list every meter with its availability here or the reason it is not",
                    description="List every meter with its availability here, or the reason it is unavailable."
                    ).add_argument("--device-index", type=int, default=0, help="which npu/cuda device to probe")
@@ -135,6 +143,18 @@ def audit_command(a: argparse.Namespace) -> int:
     return rep.exit_code
 
 
+def triage_command(a: argparse.Namespace) -> int:
+    """Triage a pasted report; the report goes to stdout, the verdict line to stderr."""
+    from kvaudit.evidence import read_report
+    from kvaudit.triage import triage
+
+    t = triage(read_report(a.report), a.config)
+    sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
+    sys.stdout.flush()
+    _note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))
+    return 0
+
+
 def meters_command(a: argparse.Namespace) -> int:
     """Print every meter with its availability or refusal reason."""
     from kvaudit.meters import meter_table
@@ -169,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    commands = {"audit", "meters", *PRESETS}
+    commands = {"audit", "meters", "triage", *PRESETS}
     try:
         if not argv:
             parser.print_help(sys.stderr)
@@ -177,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         first = argv[0]
         if not first.startswith("-") and first not in commands:
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: audit, meters)")
+                             f"commands: audit, triage, meters)")
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
-        return meters_command(args) if args.command == "meters" else audit_command(args)
+        run = {"meters": meters_command, "triage": triage_command}.get(args.command, audit_command)
+        return run(args)
     except KvauditError as e:
         print(f"kvaudit: error: {e.message}", file=sys.stderr)
         return e.exit_code

@@ -34,6 +34,9 @@ DEVICES: dict[str, Device] = {
     "atlas-a2-64g": Device(
         "atlas-a2-64g", "Atlas 800 A2 (Ascend 910B, 64 GB HBM)", 65_452_113_920,
         "vllm-ascend worker log 'total memory: 65452113920'; torch_npu reports 60.96 GiB total capacity"),
+    "atlas-a2-32g": Device(
+        "atlas-a2-32g", "Atlas 300I A2 / 910B4 (32 GB HBM)", 31_662_800_896,
+        "vllm-ascend worker log 'total memory: 31662800896' on a 32 GB card (29.49 GiB)"),
 }
 
 

@@ -1,0 +1,208 @@
+"""Triage: the fixtures under fixtures/reports (verdict, key numbers, recommendations), the JSON
+contract, robustness to how people paste, and input kvaudit refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.errors import UsageError
+from kvaudit.evidence import MAX_REPORT_BYTES, clean_lines, extract, read_report
+from kvaudit.triage import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
+from conftest import ROOT
+
+REPORTS = ROOT / "fixtures" / "reports"
+SCHEMA = json.loads((ROOT / "kvaudit" / "triage.schema.json").read_text())
+GiB = 1 << 30
+T_A2 = 65_452_113_920
+
+
+def _triage(name: str, text: str | None = None):
+    t = triage(text if text is not None else (REPORTS / name).read_text())
+    jsonschema.validate(t.to_dict(), SCHEMA)
+    return t
+
+
+def test_buggy_release_over_allocates_4x():
+    t = _triage("ascend-0.11-qwen3-next-oom.log")
+    assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(4.0, rel=1e-3)
+    assert t.fixed_in.startswith("vllm-ascend v0.16.0rc1")
+    # reported budget 16,669,979,392 B at 0.9 of 65,452,113,920 B: keeping real use at 0.9 with 4x
+    # leaves a quarter of the budget: --kv-cache-memory = A / 4, utilization = 0.9 - 3A/(4T)
+    A = 16_669_979_392
+    assert t.recommended_kv_cache_memory_bytes == A // 4
+    assert t.recommended_utilization == 0.708
+    d = t.deployment
+    assert d["vllm-ascend"].value == "0.11.0" and d["vllm-ascend"].source.startswith("line 20:")
+    assert d["tensor parallel size"].value == 4 and d["KV budget"].value == A
+    assert d["device memory"].value == T_A2
+    rows = {r[0]: r for r in t.comparison}
+    assert rows["KV cache size (tokens)"][1] == "339,072" and rows["KV cache size (tokens)"][-1].startswith("339,072")
+    assert "at allocation 21 of 60" in rows["out of memory"][1] and "kv-cache allocation" in rows["out of memory"][-1]
+    assert any("PR #3760" in a for a in t.actions)
+
+
+def test_pr_3760_release_over_allocates_2x():
+    t = _triage("ascend-0.13-qwen3-next-oom.log")
+    assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(2.0, rel=1e-3)
+    A = 13_397_373_696
+    assert t.recommended_kv_cache_memory_bytes == A // 2
+    assert t.recommended_utilization == 0.747  # 0.85 - A / (2 T)
+    assert t.deployment["vllm-ascend"].value == "0.13.0"
+    assert t.deployment["gpu_memory_utilization"].value == 0.85
+
+
+def test_fixed_release_with_a_budget_that_did_not_fit():
+    t = _triage("ascend-0.18-budget-oom.log")
+    assert t.verdict == MATCHES_PLAN and t.factor == pytest.approx(1.0) and t.fixed_in is None
+    assert "another process holds 5,120 MB" in t.headline
+    # the failing request needed 1.55 GiB with 102 MiB free: free 1.1 x that shortfall + 256 MiB
+    shortfall = round(1.55 * GiB) - 102 * (1 << 20)
+    margin = int(shortfall * 1.1) + (256 << 20)
+    assert t.recommended_kv_cache_memory_bytes == round(18.57 * GiB) - margin
+    assert t.recommended_utilization == round(0.95 - margin / T_A2 - 0.0005, 3) == 0.919
+    assert t.deployment["device memory"].value == T_A2  # 60.96 GiB from the message, snapped to the card
+
+
+def test_cuda_report_out_of_memory_in_graph_capture():
+    t = _triage("cuda-0.23-llama-graph-oom.log")
+    assert t.verdict == MATCHES_PLAN and t.factor == pytest.approx(1.0)
+    assert "graph capture" in t.headline and "outside the KV-cache allocation" in t.headline
+    assert t.deployment["platform"].value == "cuda" and t.deployment["vLLM"].value == "0.23.0"
+    assert t.deployment["KV budget"].value == round(57.53 * GiB)
+    assert t.recommended_utilization == 0.939
+    rows = {r[0]: r for r in t.comparison}
+    assert rows["KV cache size (tokens)"][1] == "471,280"
+
+
+def test_too_little_information_says_what_to_ask_for():
+    t = _triage("too-little.log")
+    assert t.verdict == INSUFFICIENT and t.factor is None and t.recommended_utilization is None
+    asks = " ".join(t.ask_for)
+    assert "vllm-ascend versions" in asks and "config.json" in asks and "traceback" in asks
+
+
+def test_markdown_is_ready_to_paste():
+    md = _triage("ascend-0.11-qwen3-next-oom.log").to_markdown()
+    assert md.startswith("### kvaudit triage: allocator-over-allocation (4.00×)")
+    assert "| tensor parallel size | 4 | line 43:" in md and "**What to do**" in md
+    assert "meta meter (accounting, not a device measurement)" in md
+
+
+def _shuffled_blocks(text: str) -> str:
+    """The collect_env block after the log, the smi table first: same facts, another order."""
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("```text") and i > 40)
+    return "\n".join(lines[start:] + lines[:start])
+
+
+@pytest.mark.parametrize("mangle", [
+    ("reordered", _shuffled_blocks),
+    ("ansi", lambda t: "\n".join(f"\x1b[0;36m{l}\x1b[0m" if l else l for l in t.splitlines())),
+    ("ansi without ESC", lambda t: "\n".join(f"[1;36m{l}[0;0m" for l in t.splitlines())),
+    ("crlf", lambda t: t.replace("\n", "\r\n")),
+    ("iso timestamps", lambda t: "\n".join(f"2025-10-10T08:04:{i % 60:02d}.123+08:00 | {l}"
+                                           for i, l in enumerate(t.splitlines()))),
+    ("interleaved", lambda t: "\n".join(f"{l}\nLoading safetensors checkpoint shards:  {i % 100}% Completed | "
+                                        f"{i % 41}/41 [00:40<00:51,  2.21s/it]" for i, l in enumerate(t.splitlines()))),
+], ids=lambda m: m[0])
+def test_pasted_in_other_shapes_the_triage_is_the_same(mangle):
+    text = (REPORTS / "ascend-0.11-qwen3-next-oom.log").read_text()
+    t = _triage("", mangle[1](text))
+    assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(4.0, rel=1e-3)
+    assert t.recommended_utilization == 0.708
+    assert t.deployment["tensor parallel size"].value == 4
+
+
+def test_parsing_imports_neither_torch_nor_vllm():
+    code = ("import sys; from kvaudit.evidence import clean_lines, extract; "
+            f"ev = extract(clean_lines(open({str(REPORTS / 'ascend-0.13-qwen3-next-oom.log')!r}).read())); "
+            "print(len(ev) > 10, [m for m in ('torch', 'vllm') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True []"
+
+
+def test_the_report_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    text = (REPORTS / "too-little.log").read_text() + (
+        f"\n__import__('os').system('touch {marker}')\nnon-default args: {{'model': __import__('os').system('touch "
+        f"{marker}')}}\n")
+    triage(text)
+    assert not marker.exists()
+
+
+def _cli(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_markdown_and_json(capsys):
+    code, out, err = _cli(["triage", str(REPORTS / "ascend-0.13-qwen3-next-oom.log")], capsys)
+    assert code == 0 and out.startswith("### kvaudit triage: allocator-over-allocation (2.00×)")
+    assert err.strip().splitlines()[-1] == "kvaudit triage: allocator-over-allocation (2.00×)"
+    code, out, err = _cli(["triage", str(REPORTS / "ascend-0.13-qwen3-next-oom.log"), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["verdict"] == OVER_ALLOCATION and doc["recommended_utilization"] == 0.747
+
+
+def test_cli_reads_stdin(capsys, monkeypatch):
+    import io
+
+    data = (REPORTS / "too-little.log").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, err = _cli(["triage", "-"], capsys)
+    assert code == 0 and "insufficient-information" in out
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "is empty"),
+    (b"   \n\n  \t\n", "is empty"),
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00\x00" + bytes(range(256)) * 10, "binary"),
+    ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.\nSed do eiusmod tempor.\n".encode() * 50,
+     "nothing in the report looks like a vLLM log"),
+])
+def test_unusable_input_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    p = tmp_path / "report.txt"
+    p.write_bytes(content)
+    code, out, err = _cli(["triage", str(p)], capsys)
+    assert code == 2 and out == "" and message in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_a_50_mb_report_is_refused_without_reading_it_all(tmp_path, capsys):
+    p = tmp_path / "huge.log"
+    with p.open("wb") as f:
+        f.truncate(50 * 1000 * 1000)  # sparse: 50 MB without writing them
+    code, out, err = _cli(["triage", str(p)], capsys)
+    assert code == 2 and "47.7 MiB" in err and f"up to {MAX_REPORT_BYTES >> 20} MiB" in err
+
+
+def test_missing_report_file(capsys):
+    code, out, err = _cli(["triage", "/nonexistent/report.log"], capsys)
+    assert code == 2 and "report not found" in err
+
+
+def test_real_shapes_of_public_reports_parse():
+    """Line shapes seen in public vllm-ascend reports (transcribed in the formats kvaudit reads)."""
+    text = "\n".join([
+        "(Worker_TP0 pid=911501) ERROR 02-07 18:18:59 [v1/executor/multiproc_executor.py:824]   File \"/home/u/"
+        "site-packages/vllm_ascend/worker/model_runner_v1.py\", line 2499, in _allocate_kv_cache_tensors",
+        "(Worker_TP0 pid=911501) ERROR 02-07 18:18:59 [v1/executor/multiproc_executor.py:824] RuntimeError: NPU out "
+        "of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB already allocated; 57.49 "
+        "GiB current active; 1.96 GiB free; 57.62 GiB reserved in total by PyTorch) If reserved memory is >> allocated",
+        "| 0                         | 0000:C1:00.0  | 0           0    / 0          3424 / 65536         |",
+        "(EngineCore_DP0 pid=7279) (Worker_TP7 pid=7286) INFO 11-05 09:18:38 [model_runner_v1.py:2661] Loading model "
+        "weights took 18.6823 GB",
+        "vllm_ascend                       0.14.0rc2.dev119+g52aa9c006      /vllm-workspace/vllm-ascend",
+    ])
+    ev = extract(clean_lines(text))
+    assert ev.value("oom").tried == round(2.57 * GiB) and ev.value("oom_phase") == "kv-cache allocation"
+    assert ev.value("hbm_total_mb") == 65536 and max(f.value for f in ev.facts["worker_tp_rank"]) == 7
+    assert ev.value("weights") == round(18.6823 * GiB)
+    assert ev.value("vllm_ascend_version") == "0.14.0rc2.dev119+g52aa9c006"
