@@ -226,9 +226,10 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     ranks = ev.facts.get("worker_tp_rank", [])
     if tp:
         values["tensor parallel size"] = _from(tp)
-    elif ranks:
+    elif ranks and max(f.value for f in ranks) > 0:  # a paste often shows rank 0 alone: no inference then
         top = max(ranks, key=lambda f: f.value)
-        values["tensor parallel size"] = Sourced(top.value + 1, f"{top.source} (highest TP rank + 1)")
+        values["tensor parallel size"] = Sourced(top.value + 1, f"{top.source} (at least: the highest TP rank "
+                                                                "in the report + 1)")
     elif p:
         values["tensor parallel size"] = _assumed(p.tp, f"the {preset} preset's (as its tutorial deploys it)")
     else:
