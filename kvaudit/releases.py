@@ -37,7 +37,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvaudit"
 
 
-def _version_key(v: str) -> tuple:
+def version_key(v: str) -> tuple:
+    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.1``."""
     m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?", v)
     if not m:
         return (0,)
@@ -45,14 +46,29 @@ def _version_key(v: str) -> tuple:
     return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20)
 
 
+ERAS = (
+    # (first release not in the era, block-size rule, built-in strategy): allocation reference §0, §5.4
+    ("0.11.0rc2", "ascend-align64", "ascend-0.11"),
+    ("0.12.0rc1", "ascend-align128", "ascend-0.11"),
+    ("0.16.0rc1", "ascend-align128", "ascend-0.12"),
+    (None, "ascend-contiguous", "ascend-0.16"),
+)
+"""vllm-ascend's releases by how they plan and allocate a hybrid model's KV cache."""
+
+
+def _era(version: str) -> tuple[str | None, str, str]:
+    key = version_key(version)
+    return next(e for e in ERAS if e[0] is None or key < version_key(e[0]))
+
+
 def platform_for(version: str) -> str:
-    """The block-size rule a vllm-ascend release plans with (allocation reference §5.4)."""
-    key = _version_key(version)
-    if key < _version_key("0.11.0rc2"):
-        return "ascend-align64"
-    if key < _version_key("0.16.0rc1"):
-        return "ascend-align128"
-    return "ascend-contiguous"
+    """The block-size rule a vllm-ascend release plans with."""
+    return _era(version)[1]
+
+
+def builtin_strategy_for(version: str) -> str:
+    """The built-in strategy that restates a vllm-ascend release's allocation."""
+    return _era(version)[2]
 
 
 def fetch_sdist(version: str) -> Path:

@@ -60,6 +60,14 @@ def _is_softmax_attn(name: str) -> bool:
     return "attn" in name and "linear_attn" not in name
 
 
+def _share_kv_pair(raw: RawTensors, t: Any, device: Any, kv_transfer: bool) -> None:
+    """PR #3760 on: one K and one V half-size buffer, shared by every softmax-attention layer of ``t``."""
+    kv = (_ascend_buffer(t.size // 2, device, kv_transfer), _ascend_buffer(t.size // 2, device, kv_transfer))
+    for inner in t.shared_by:
+        if _is_softmax_attn(inner):
+            raw[inner] = kv
+
+
 def allocate_per_planned_tensor(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
     """Upstream vLLM 0.11-0.28 ``_allocate_kv_cache_tensors``: one ``zeros(size)`` per planned
     tensor, mapped to every layer in its ``shared_by``."""
@@ -112,11 +120,7 @@ def allocate_ascend_0_12(plan: KVPlan, device: Any, kv_transfer: bool = False) -
                     if _is_linear(inner):
                         raw[inner] = buf
             elif "attn" in name and name not in raw:
-                kv = (_ascend_buffer(t.size // 2, device, kv_transfer),
-                      _ascend_buffer(t.size // 2, device, kv_transfer))
-                for inner in t.shared_by:
-                    if _is_softmax_attn(inner):
-                        raw[inner] = kv
+                _share_kv_pair(raw, t, device, kv_transfer)
     return raw
 
 
@@ -139,11 +143,7 @@ def allocate_ascend_0_16(plan: KVPlan, device: Any, kv_transfer: bool = False) -
                 for inner in t.shared_by:
                     raw[inner] = buf
             elif "attn" in name and not use_mamba:
-                kv = (_ascend_buffer(t.size // 2, device, kv_transfer),
-                      _ascend_buffer(t.size // 2, device, kv_transfer))
-                for inner in t.shared_by:
-                    if _is_softmax_attn(inner):
-                        raw[inner] = kv
+                _share_kv_pair(raw, t, device, kv_transfer)
     return raw
 
 

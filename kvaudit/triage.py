@@ -125,17 +125,6 @@ def _show(key: str, value: Any) -> str:
 # --- reconstruction ---------------------------------------------------------------------------------
 
 
-def _release_strategy(version: str) -> str:
-    from kvaudit.releases import _version_key
-
-    key = _version_key(version)
-    if key < _version_key("0.12.0rc1"):
-        return "ascend-0.11"
-    if key < _version_key("0.16.0rc1"):
-        return "ascend-0.12"
-    return "ascend-0.16"
-
-
 def _platform(ev: Evidence) -> str | None:
     kinds = {f.value for f in ev.facts.get("platform", [])} | {
         {"npu": "ascend", "cuda": "cuda"}.get(f.value, "") for f in ev.facts.get("device_type", [])}
@@ -336,11 +325,11 @@ def _evidence_lines(ev: Evidence) -> list[str]:
 def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: dict, evidence: list[str]) -> Triage:
     from kvaudit.audit import audit_all
     from kvaudit.meters import MetaMeter
-    from kvaudit.releases import platform_for
+    from kvaudit.releases import builtin_strategy_for, platform_for
     from kvaudit.strategies import STRATEGIES
 
     if inputs["platform"] == "ascend":
-        name = _release_strategy(inputs["release"])
+        name = builtin_strategy_for(inputs["release"])
         reported = dataclasses.replace(STRATEGIES[name], platform=platform_for(inputs["release"]))
         fixed = STRATEGIES["ascend-0.16"]
         label = f"vllm-ascend {inputs['release']}"

@@ -75,6 +75,13 @@ def test_platform_rule_by_release(version, platform):
     assert releases.platform_for(version) == platform
 
 
+@pytest.mark.parametrize("version,strategy", [("0.11.0rc0", "ascend-0.11"), ("0.11.0", "ascend-0.11"),
+                                              ("0.12.0rc1", "ascend-0.12"), ("0.15.0rc1", "ascend-0.12"),
+                                              ("0.16.0rc1", "ascend-0.16"), ("0.30.0rc2", "ascend-0.16")])
+def test_builtin_strategy_by_release(version, strategy):
+    assert releases.builtin_strategy_for(version) == strategy
+
+
 def test_a_release_that_is_not_on_the_index_is_exit_2(tmp_path, monkeypatch):
     monkeypatch.setenv("KVAUDIT_CACHE_DIR", str(tmp_path))
     with pytest.raises(UsageError, match="vllm-ascend 0.0.99 is not on the package index") as e:
