@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import UsageError
-from kvaudit.oom import OomMessage, parse_oom
+from kvaudit.oom import parse_oom
 
 MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""

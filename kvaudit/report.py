@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
 SCHEMA_VERSION = 1
-DETAILS = ("summary", "groups", "layers")
 
 
 def meter_label(meter: str) -> str:

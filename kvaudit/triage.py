@@ -18,7 +18,7 @@ from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec, m
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract
 from kvaudit.spec import ModelSpec, load_model_spec
-from kvaudit.units import GiB, fmt_bytes
+from kvaudit.units import fmt_bytes
 
 SCHEMA_VERSION = 1
 OVER_ALLOCATION = "allocator-over-allocation"

@@ -11,8 +11,7 @@ import jsonschema
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.errors import UsageError
-from kvaudit.evidence import MAX_REPORT_BYTES, clean_lines, extract, read_report
+from kvaudit.evidence import MAX_REPORT_BYTES, clean_lines, extract
 from kvaudit.triage import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
 from conftest import ROOT
 
