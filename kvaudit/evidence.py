@@ -100,11 +100,15 @@ def read_report(path: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+MAX_LINE = 8192
+"""Longer lines are cut: the longest lines kvaudit reads (the engine config) are ~2 KiB."""
+
+
 def clean_lines(text: str) -> list[str]:
     """Lines without ANSI colour codes (also the ``[1;36m`` left when a paste loses the ESC), with
-    Windows and old-Mac line endings normalised."""
+    Windows and old-Mac line endings normalised, each cut to ``MAX_LINE`` characters."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return [_ANSI.sub("", line) for line in text.split("\n")]
+    return [_ANSI.sub("", line[:MAX_LINE]) for line in text.split("\n")]
 
 
 # --- extracting ---------------------------------------------------------------------------------------

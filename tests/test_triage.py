@@ -205,3 +205,10 @@ def test_real_shapes_of_public_reports_parse():
     assert ev.value("hbm_total_mb") == 65536 and max(f.value for f in ev.facts["worker_tp_rank"]) == 7
     assert ev.value("weights") == round(18.6823 * GiB)
     assert ev.value("vllm_ascend_version") == "0.14.0rc2.dev119+g52aa9c006"
+
+
+def test_a_very_long_line_is_cut_not_choked_on(capsys, tmp_path):
+    p = tmp_path / "one-line.log"
+    p.write_text("| " + "1 " * 4_000_000 + "\n" + (REPORTS / "too-little.log").read_text())
+    code, out, err = _cli(["triage", str(p)], capsys)
+    assert code == 0 and "insufficient-information" in out
