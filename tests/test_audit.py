@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.audit import audit_all, exit_code, run_audit
+from kvaudit.audit import audit_all, run_audit
 from kvaudit.errors import StrategyFailed
 from kvaudit.meters import MetaMeter
-from kvaudit.results import Verdict
+from kvaudit.results import Report, Verdict
 from kvaudit.strategies import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
 from conftest import FakeMeter, deployment, plan_for
 
@@ -91,7 +91,9 @@ def test_projection_at_0_7_fits_and_at_0_9_the_buggy_release_runs_out():
     assert oom is not None and over["ascend-0.16"].oom is None and over["vllm"].oom is None
     assert oom.allocated_before_bytes <= oom.free_bytes < oom.allocated_before_bytes + oom.request_bytes
     assert oom.layers and oom.tensor == over["ascend-0.11"].plan.tensor_of(oom.layers[0])
-    assert exit_code(list(over.values())) == 1 and exit_code([over["vllm"]]) == 0
+    d9 = deployment(gpu_memory_utilization=0.9)
+    assert Report(d9, tuple(over.values()), "meta", "meta", "x").exit_code == 1
+    assert Report(d9, (over["vllm"],), "meta", "meta", "x").exit_code == 0
 
 
 def test_rows_add_up_to_the_totals():
