@@ -72,7 +72,8 @@ def light(reps: int) -> None:
 def in_process(reps: int) -> None:
     sys.path.insert(0, str(ROOT))
     from kvaudit.audit import audit_all
-    from kvaudit.deployment import PRESETS, load_preset_spec, make_deployment
+    from kvaudit.deployment import PRESETS, load_preset_spec
+    from kvaudit.plan import make_deployment
     from kvaudit.meters import MetaMeter
     from kvaudit.plan import load_vllm
     from kvaudit.strategies import STRATEGIES
@@ -91,7 +92,8 @@ def in_process(reps: int) -> None:
 
 
 def _qwen(**kw):
-    from kvaudit.deployment import PRESETS, load_preset_spec, make_deployment
+    from kvaudit.deployment import PRESETS, load_preset_spec
+    from kvaudit.plan import make_deployment
 
     p = PRESETS["qwen3-next"]
     return make_deployment(load_preset_spec(p), tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7,

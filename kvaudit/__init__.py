@@ -13,7 +13,7 @@ def __getattr__(name: str):
         from kvaudit.spec import load_model_spec
         return load_model_spec
     if name == "make_deployment":
-        from kvaudit.deployment import make_deployment
+        from kvaudit.plan import make_deployment
         return make_deployment
     if name == "build_plan":
         from kvaudit.plan import build_plan

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvaudit.accounting import Attribution, StorageRecorder, attribute
 from kvaudit.deployment import Deployment
-from kvaudit.errors import KvauditError, MeterUnavailable, StrategyFailed
+from kvaudit.errors import KvauditError, MeterUnavailable, NotAuditable, StrategyFailed
 from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
 from kvaudit.results import (AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading, OomPoint,
@@ -268,14 +268,22 @@ def _oom_point(d: Deployment, plan: KVPlan, dry: DryRun) -> OomPoint | None:
 
 
 def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
-              tolerance: float = DEFAULT_TOLERANCE) -> list[AuditResult]:
-    """Plan once per platform rule with vLLM's planner, then audit every strategy in turn."""
+              tolerance: float = DEFAULT_TOLERANCE,
+              skipped: list[tuple[str, str]] | None = None) -> list[AuditResult]:
+    """Plan once per platform rule with vLLM's planner, then audit every strategy in turn. A strategy
+    that cannot allocate the plan at all (``NotAuditable``) is listed in ``skipped`` with its reason
+    when a list is given, else it stops the run."""
     from kvaudit.plan import build_plan
 
     plans: dict[str, KVPlan] = {}
     results = []
     for s in strategies:
-        if s.platform not in plans:
-            plans[s.platform] = build_plan(deployment, s.platform)
-        results.append(run_audit(deployment, plans[s.platform], s, meter, tolerance))
+        try:
+            if s.platform not in plans:
+                plans[s.platform] = build_plan(deployment, s.platform)
+            results.append(run_audit(deployment, plans[s.platform], s, meter, tolerance))
+        except NotAuditable as e:
+            if skipped is None:
+                raise
+            skipped.append((s.name, e.message))
     return results

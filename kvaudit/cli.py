@@ -47,10 +47,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _audit_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tp", type=int, help="tensor-parallel size (the preset's, else 1)")
+    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, help="tensor-parallel size (the preset's, else 1)")
+    p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
+                   help="pipeline-parallel size: each stage is planned and budgeted on its own (default 1)")
+    p.add_argument("--pp-rank", type=int, default=0, help="which pipeline stage to audit (default 0)")
     p.add_argument("--max-model-len", type=int,
-                   help="the preset's, else the config's max_position_embeddings (as vLLM)")
-    p.add_argument("--dtype", default="auto", help="auto (the config's), bfloat16, float16 or float32")
+                   help="the preset's, else vLLM's default for the config (its own length check applies)")
+    p.add_argument("--dtype", default="auto", help="auto (vLLM's rule: float32 configs run in 16 bits), bfloat16, "
+                                                   "float16 or float32")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype), fp8, fp8_e4m3, fp8_e5m2, ...")
+    p.add_argument("--quantization", "-q", help="vLLM's --quantization (default: the config's quantization_config)")
+    p.add_argument("--block-size", type=int, help="vLLM's --block-size (platform rules may raise it for hybrids)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's prefix caching switch (default: vLLM's)")
+    p.add_argument("--mamba-cache-mode", help="none, align or all (default: vLLM's for the prefix-caching setting)")
+    p.add_argument("--max-num-seqs", type=int, help="vLLM's --max-num-seqs (Mamba state slots are checked against it)")
+    p.add_argument("--num-speculative-tokens", type=int, default=0,
+                   help="MTP draft tokens: the draft model's layers get KV cache too (default 0)")
+    p.add_argument("--hf-overrides", help="JSON object merged into the config, as vLLM's --hf-overrides")
     p.add_argument("--util", "--gpu-memory-utilization", dest="util", type=float, default=0.9,
                    help="gpu_memory_utilization, in (0, 1] (default 0.9, as vLLM)")
     p.add_argument("--device", help=f"device preset for the memory size ({', '.join(DEVICES)})")
@@ -98,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
     tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
                      help="markdown (default) or json")
+    models = sub.add_parser("models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
+                            description="List the presets: title, architecture, layer mix per kind, deployment, config.")
+    models.add_argument("names", nargs="*", help="only these presets")
     sub.add_parser("meters", help="list every meter with its availability here or the reason it is not",
                    description="List every meter with its availability here, or the reason it is unavailable."
                    ).add_argument("--device-index", type=int, default=0, help="which npu/cuda device to probe")
@@ -107,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def audit_command(a: argparse.Namespace) -> int:
     """Run the audit the options describe, render it, and return the exit code."""
     from kvaudit import audit as core
-    from kvaudit.deployment import get_preset, load_preset_spec, make_deployment
+    from kvaudit.deployment import get_preset, load_preset_spec
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
     from kvaudit.results import Report
@@ -122,25 +139,67 @@ def audit_command(a: argparse.Namespace) -> int:
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+
+    meter = select_meter(a.meter, a.device_index)
+    dep = _deployment(a, spec, p)
+    _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
+          f"strategies on the {meter.name} meter")
+    skipped: list[tuple[str, str]] = []
+    audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
+    rep = Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
+                 vllm_version=vllm_version(), skipped=tuple(skipped))
+    _render(rep, Format(a.fmt), Detail(a.detail))
+    return rep.exit_code
+
+
+def _deployment(a: argparse.Namespace, spec: Any, p: Any) -> Any:
+    """The deployment the options describe, resolved by vLLM (``kvaudit.plan.make_deployment``)."""
+    import json
+
+    from kvaudit.plan import make_deployment
+    from kvaudit.units import parse_size
+
     def size(value: str | None, what: str) -> int | None:
         return parse_size(value, what) if value is not None else None
 
-    dep = make_deployment(
+    overrides = None
+    if a.hf_overrides:
+        try:
+            overrides = json.loads(a.hf_overrides)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(overrides, dict):
+            raise UsageError("--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'")
+    return make_deployment(
         spec, tp=a.tp if a.tp is not None else (p.tp if p else 1), gpu_memory_utilization=a.util,
-        max_model_len=a.max_model_len or (p.max_model_len if p else spec.max_position_embeddings),
+        max_model_len=a.max_model_len or (p.max_model_len if p else None),
         device=a.device or (p.device if p else "atlas-a2-64g"),
         device_memory_bytes=size(a.device_memory, "--device-memory"), dtype=a.dtype,
         weights_bytes=size(a.weights, "--weights"),
         overhead_bytes=parse_size(a.overhead, "--overhead", allow_zero=True),
         kv_cache_memory_bytes=size(a.kv_cache_memory, "--kv-cache-memory"),
-        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks)
-    meter = select_meter(a.meter, a.device_index)
-    _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
-          f"strategies on the {meter.name} meter")
-    rep = Report(deployment=dep, audits=tuple(core.audit_all(dep, strategies, meter, a.tolerance)),
-                 meter=meter.name, meter_device=meter.describe(), vllm_version=vllm_version())
-    _render(rep, Format(a.fmt), Detail(a.detail))
-    return rep.exit_code
+        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks, pp=a.pp, pp_rank=a.pp_rank,
+        kv_cache_dtype=a.kv_cache_dtype, quantization=a.quantization, block_size=a.block_size,
+        enable_prefix_caching=a.enable_prefix_caching, mamba_cache_mode=a.mamba_cache_mode,
+        max_num_seqs=a.max_num_seqs, num_speculative_tokens=a.num_speculative_tokens, hf_overrides=overrides)
+
+
+def models_command(a: argparse.Namespace) -> int:
+    """List the presets with the layer mix vLLM's own model code registers for each."""
+    from kvaudit.deployment import load_preset_spec
+    from kvaudit.plan import layer_mix, make_deployment
+
+    rows = []
+    for name, p in PRESETS.items():
+        if a.names and name not in a.names:
+            continue
+        spec = load_preset_spec(p)
+        d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9, device=p.device)
+        rows.append((name, p.title, d.architecture, layer_mix(d), f"TP {p.tp}, {p.device}", p.config))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}")
+    return 0
 
 
 def triage_command(a: argparse.Namespace) -> int:
@@ -189,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    commands = {"audit", "meters", "triage", *PRESETS}
+    commands = {"audit", "meters", "models", "triage", *PRESETS}
     try:
         if not argv:
             parser.print_help(sys.stderr)
@@ -197,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         first = argv[0]
         if not first.startswith("-") and first not in commands:
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: audit, triage, meters)")
+                             f"commands: audit, models, triage, meters)")
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
-        run = {"meters": meters_command, "triage": triage_command}.get(args.command, audit_command)
+        run = {"meters": meters_command, "models": models_command, "triage": triage_command}.get(
+            args.command, audit_command)
         return run(args)
     except KvauditError as e:
         print(f"kvaudit: error: {e.message}", file=sys.stderr)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvaudit.errors import ConfigError, UsageError
-from kvaudit.spec import DTYPE_BYTES, ModelSpec, load_model_spec, resolve_dtype
-from kvaudit.units import GiB, fmt_bytes
+from kvaudit.errors import UsageError
+from kvaudit.spec import ModelSpec, load_model_spec
+from kvaudit.units import GiB
 
 DEFAULT_OVERHEAD_BYTES = 2 * GiB
 """Non-KV memory beside the weights (peak activations of vLLM's profile run plus non-torch
@@ -37,12 +37,20 @@ DEVICES: dict[str, Device] = {
     "atlas-a2-32g": Device(
         "atlas-a2-32g", "Atlas 300I A2 / 910B4 (32 GB HBM)", 31_662_800_896,
         "vllm-ascend worker log 'total memory: 31662800896' on a 32 GB card (29.49 GiB)"),
+    "h100-80g": Device(
+        "h100-80g", "NVIDIA H100 80GB", round(79.19 * 2**30),
+        "torch's CUDA out-of-memory message on H100 80GB cards, as pasted in public threads: 'GPU 0 has a "
+        "total capacity of 79.19 GiB'; exact to 0.01 GiB"),
+    "h200-141g": Device(
+        "h200-141g", "NVIDIA H200 141GB", round(139.81 * 2**30),
+        "torch's CUDA out-of-memory message on H200 cards, as pasted in public threads: 'GPU 0 has a total "
+        "capacity of 139.81 GiB'; exact to 0.01 GiB"),
 }
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A shipped model config with the deployment its tutorial uses."""
+    """A shipped model config with a deployment that fits it."""
 
     name: str
     title: str
@@ -52,17 +60,46 @@ class Preset:
     max_model_len: int
     device: str
     description: str
+    """The layer mix, from the public config (``kvaudit models`` shows vLLM's own count)."""
 
 
-PRESETS: dict[str, Preset] = {
-    "qwen3-next": Preset(
-        "qwen3-next", "Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b-instruct", tp=4,
-        max_model_len=4096, device="atlas-a2-64g",
-        description="hybrid GatedDeltaNet + full attention, as the vllm-ascend tutorial deploys it"),
-    "llama-3.1-8b": Preset(
-        "llama-3.1-8b", "Llama-3.1-8B", "llama-3.1-8b", tp=1, max_model_len=8192,
-        device="atlas-a2-64g", description="dense control: full attention only"),
-}
+def _p(name: str, title: str, config: str, tp: int, max_model_len: int, device: str, description: str) -> Preset:
+    return Preset(name, title, config, tp, max_model_len, device, description)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    _p("qwen3-next", "Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b-instruct", 4, 4096, "atlas-a2-64g",
+       "hybrid GatedDeltaNet + full attention, as the vllm-ascend tutorial deploys it"),
+    _p("llama-3.1-8b", "Llama-3.1-8B", "llama-3.1-8b", 1, 8192, "atlas-a2-64g", "dense control: full attention only"),
+    _p("qwen2.5-7b", "Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct", 1, 32768, "atlas-a2-64g", "dense, full attention"),
+    _p("qwen3-8b", "Qwen3-8B", "qwen3-8b", 1, 32768, "atlas-a2-64g", "dense, full attention"),
+    _p("qwen3-30b-a3b", "Qwen3-30B-A3B", "qwen3-30b-a3b", 2, 32768, "atlas-a2-64g", "MoE, full attention"),
+    _p("mixtral-8x7b", "Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct", 2, 32768, "atlas-a2-64g",
+       "MoE, full attention"),
+    _p("glm-4.5", "GLM-4.5", "glm-4.5", 8, 32768, "h200-141g", "MoE, full attention (one MTP layer)"),
+    _p("minimax-m2", "MiniMax-M2", "minimax-m2", 8, 32768, "atlas-a2-64g", "MoE, full attention, FP8 weights"),
+    _p("qwen3.5-27b", "Qwen3.5-27B", "qwen3.5-27b", 2, 32768, "atlas-a2-64g",
+       "hybrid GatedDeltaNet + full attention (multimodal wrapper)"),
+    _p("qwen3.5-397b-a17b", "Qwen3.5-397B-A17B", "qwen3.5-397b-a17b", 8, 32768, "h200-141g",
+       "MoE hybrid GatedDeltaNet + full attention (multimodal wrapper)"),
+    _p("gpt-oss-120b", "gpt-oss-120b", "gpt-oss-120b", 2, 32768, "atlas-a2-64g",
+       "sliding window + full attention with sinks, MXFP4 experts"),
+    _p("gemma-3-27b", "Gemma 3 27B it", "gemma-3-27b-it", 2, 32768, "atlas-a2-64g",
+       "5 sliding-window : 1 full attention (multimodal wrapper)"),
+    _p("deepseek-v3", "DeepSeek-V3 (R1 shares its config)", "deepseek-v3", 8, 32768, "h200-141g",
+       "MLA, FP8 weights"),
+    _p("kimi-k2", "Kimi-K2-Instruct", "kimi-k2-instruct", 8, 32768, "h200-141g", "MLA, FP8 weights"),
+    _p("deepseek-v3.2", "DeepSeek-V3.2", "deepseek-v3.2-exp", 8, 32768, "h200-141g",
+       "MLA + sparse-attention indexer cache, FP8 weights"),
+    _p("nemotron-h-8b", "Nemotron-H-8B-Base-8K", "nemotron-h-8b", 1, 8192, "atlas-a2-64g", "Mamba2 + attention"),
+    _p("nemotron-h-56b", "Nemotron-H-56B-Base-8K", "nemotron-h-56b", 4, 8192, "atlas-a2-64g", "Mamba2 + attention"),
+    _p("granite-4.0-h-small", "Granite-4.0-H-Small", "granite-4.0-h-small", 2, 32768, "atlas-a2-64g",
+       "Mamba2 + attention, MoE"),
+    _p("falcon-h1-7b", "Falcon-H1-7B-Instruct", "falcon-h1-7b-instruct", 1, 32768, "atlas-a2-64g",
+       "Mamba2 and attention in every layer"),
+    _p("jamba-mini", "AI21 Jamba Mini (1.5 config)", "jamba-mini-1.7", 4, 32768, "atlas-a2-64g",
+       "Mamba + attention (1:7), MoE"),
+)}
 
 
 def fixtures_dir() -> Path:
@@ -87,17 +124,21 @@ def load_preset_spec(preset: Preset) -> ModelSpec:
 
 @dataclass(frozen=True)
 class Deployment:
-    """One rank of a vLLM deployment and the KV budget that follows from it."""
+    """One rank of a vLLM deployment and the KV budget that follows from it.
+
+    The option fields carry vLLM's names; ``dtype``, ``max_model_len`` and ``weights_bytes`` are the
+    values vLLM resolved for them (``kvaudit.plan.make_deployment``)."""
 
     model: ModelSpec = field(repr=False)
     tp: int
     dtype: str
+    """The model dtype vLLM resolved (``--dtype auto`` follows vLLM's rule: float32 configs run in 16 bits)."""
     max_model_len: int
     device: str
     device_memory_bytes: int
     gpu_memory_utilization: float
     weights_bytes: int
-    """Weights on one rank: parameter count per rank × dtype size (or ``--weights``)."""
+    """Weights on one rank: the parameters and buffers of vLLM's model built for this rank (or ``--weights``)."""
     weights_source: str
     overhead_bytes: int
     """Non-KV memory beside the weights (activations, non-torch)."""
@@ -105,6 +146,19 @@ class Deployment:
     """``--kv-cache-memory``: the KV budget given directly, as vLLM's flag of that name."""
     kv_transfer: bool
     num_blocks_override: int | None
+    pp: int = 1
+    pp_rank: int = 0
+    requested_dtype: str = "auto"
+    architecture: str = ""
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    """vLLM's ``--quantization``; ``None`` takes the config's ``quantization_config``."""
+    block_size: int | None = None
+    enable_prefix_caching: bool | None = None
+    mamba_cache_mode: str | None = None
+    max_num_seqs: int | None = None
+    num_speculative_tokens: int = 0
+    hf_overrides: dict | None = field(default=None, hash=False)
 
     @property
     def non_kv_bytes(self) -> int:
@@ -122,7 +176,9 @@ class Deployment:
         """JSON form; byte figures are ints."""
         return {
             "model": self.model.name, "config_path": str(self.model.config_path),
-            "model_type": self.model.model_type, "tensor_parallel_size": self.tp, "dtype": self.dtype,
+            "model_type": self.model.model_type, "architecture": self.architecture,
+            "tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp, "pipeline_parallel_rank": self.pp_rank,
+            "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "quantization": self.quantization,
             "max_model_len": self.max_model_len, "device": self.device,
             "device_memory_bytes": self.device_memory_bytes,
             "gpu_memory_utilization": self.gpu_memory_utilization,
@@ -130,63 +186,8 @@ class Deployment:
             "overhead_bytes": self.overhead_bytes, "non_kv_bytes": self.non_kv_bytes,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
             "kv_budget_bytes": self.kv_budget_bytes, "kv_transfer": self.kv_transfer,
-            "num_blocks_override": self.num_blocks_override,
+            "num_blocks_override": self.num_blocks_override, "block_size": self.block_size,
+            "enable_prefix_caching": self.enable_prefix_caching, "mamba_cache_mode": self.mamba_cache_mode,
+            "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
+            "hf_overrides": self.hf_overrides,
         }
-
-
-def make_deployment(
-    model: ModelSpec,
-    *,
-    tp: int,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    device: str = "atlas-a2-64g",
-    device_memory_bytes: int | None = None,
-    dtype: str = "auto",
-    weights_bytes: int | None = None,
-    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
-    kv_cache_memory_bytes: int | None = None,
-    kv_transfer: bool = False,
-    num_blocks_override: int | None = None,
-) -> Deployment:
-    """Validate the deployment figures and compute the budget; impossible numbers are errors."""
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise UsageError(f"--util must be in (0, 1], got {gpu_memory_utilization}")
-    model.check_tensor_parallel(tp)
-    if max_model_len < 1:
-        raise UsageError(f"--max-model-len must be at least 1, got {max_model_len}")
-    if max_model_len > model.max_position_embeddings:
-        raise UsageError(f"--max-model-len {max_model_len} exceeds the model's max_position_embeddings "
-                         f"{model.max_position_embeddings}")
-    if num_blocks_override is not None and num_blocks_override < 1:
-        raise UsageError(f"--num-blocks must be at least 1, got {num_blocks_override}")
-    if device not in DEVICES and device_memory_bytes is None:
-        raise UsageError(f"unknown --device {device!r} (known: {', '.join(DEVICES)}); "
-                         "or give --device-memory")
-    for what, v in (("--device-memory", device_memory_bytes), ("--weights", weights_bytes),
-                    ("--kv-cache-memory", kv_cache_memory_bytes)):
-        if v is not None and v <= 0:
-            raise UsageError(f"{what} must be positive, got {v}")
-    if overhead_bytes < 0:
-        raise UsageError(f"--overhead must not be negative, got {overhead_bytes}")
-    dt = resolve_dtype(dtype, model)
-    mem = device_memory_bytes if device_memory_bytes is not None else DEVICES[device].memory_bytes
-    if weights_bytes is None:
-        weights_bytes = model.weight_params_per_rank(tp) * DTYPE_BYTES[dt]
-        source = f"{model.weight_params_per_rank(tp):,} parameters per rank × {DTYPE_BYTES[dt]} B ({dt}, TP {tp})"
-    else:
-        source = "--weights"
-    d = Deployment(model=model, tp=tp, dtype=dt, max_model_len=max_model_len,
-                   device=device if device_memory_bytes is None else "custom",
-                   device_memory_bytes=mem, gpu_memory_utilization=gpu_memory_utilization,
-                   weights_bytes=weights_bytes, weights_source=source, overhead_bytes=overhead_bytes,
-                   kv_cache_memory_bytes=kv_cache_memory_bytes, kv_transfer=kv_transfer,
-                   num_blocks_override=num_blocks_override)
-    if d.kv_budget_bytes <= 0:
-        need = d.non_kv_bytes / d.device_memory_bytes
-        raise ConfigError(
-            f"no memory left for the KV cache: weights {fmt_bytes(d.weights_bytes)} + overhead "
-            f"{fmt_bytes(d.overhead_bytes)} exceed {gpu_memory_utilization} × "
-            f"{fmt_bytes(mem)} = {fmt_bytes(int(mem * gpu_memory_utilization))}; "
-            f"--util must exceed {need:.3f}, or raise --tp")
-    return d

@@ -41,6 +41,13 @@ class StrategyFailed(KvauditError):
     exit_code = 3
 
 
+class NotAuditable(KvauditError):
+    """A strategy cannot allocate this plan at all, e.g. code written for ``shared_by`` regions and a
+    plan that interleaves layers within blocks (exit 3; the other strategies are still audited)."""
+
+    exit_code = 3
+
+
 EXIT_PASS = 0
 """Every audited strategy allocated what vLLM planned, within tolerance."""
 EXIT_FAIL = 1

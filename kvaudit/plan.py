@@ -1,16 +1,19 @@
-"""The one adapter to vLLM's own KV-cache planner: deployment + platform rule -> ``KVPlan``.
+"""The one adapter to vLLM's own KV-cache planner: options -> deployment, deployment + platform rule -> ``KVPlan``.
 
-Every plan comes from the installed vLLM: its ``ModelConfig``/``VllmConfig``, its ``KVCacheSpec``
-classes and mamba state helpers, its hybrid block-size alignment (CUDA), and its
-``get_kv_cache_configs``. The only code here that is not vLLM's is the Ascend block-size rule,
-which lives in vllm-ascend (``patch_mamba_config.py``) and cannot be imported without an NPU; it
-is restated from ``shared/design/allocation-reference.md`` §3 and §5.4.
+Every plan comes from the installed vLLM: its ``ModelConfig``/``VllmConfig`` (dtype, max model
+length, TP/PP checks), its model built on ``meta`` (``kvaudit.vllm_model``: layer names, specs,
+weights), its hybrid block-size alignment (CUDA) and its ``get_kv_cache_configs``. The only code
+here that is not vLLM's is the Ascend block-size rule, which lives in vllm-ascend
+(``vllm_ascend/patch/platform/patch_mamba_config.py``, PRs #4025 and #6887) and cannot be imported
+without an NPU; it is restated here.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
+import dataclasses
 import importlib
 import importlib.metadata
 import logging
@@ -23,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kvaudit.deployment import Deployment
-from kvaudit.errors import ConfigError, StrategyFailed
+from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment
+from kvaudit.errors import ConfigError, NotAuditable, StrategyFailed, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
-from kvaudit.spec import FULL_ATTENTION
+from kvaudit.spec import ModelSpec
+from kvaudit.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,10 @@ class _Vllm:
         if vllm_version() is None:
             raise StrategyFailed("vLLM is not installed in this environment; kvaudit plans with "
                                  "vLLM's own planner (see README: install)")
+        from kvaudit.vllm_model import declare_torchvision_ops
+
         with quiet_vllm():
+            declare_torchvision_ops()  # before transformers looks for torchvision
             self.config = importlib.import_module("vllm.config")
             self.iface = importlib.import_module("vllm.v1.kv_cache_interface")
             try:
@@ -97,62 +104,83 @@ def load_vllm() -> _Vllm:
 
 
 # --- platform rules -----------------------------------------------------------------------------
+# Each rule reads the layer specs vLLM's model gave for the default block size (``base``) and
+# sets the cache config the final specs are asked with.
 
 
-def _attn_page_1_token(v: _Vllm, vc: Any) -> int:
-    mc, pc = vc.model_config, vc.parallel_config
-    return v.iface.FullAttentionSpec(block_size=1, num_kv_heads=mc.get_num_kv_heads(pc),
-                                     head_size=mc.get_head_size(), dtype=_kv_dtype(vc)).page_size_bytes
+def _is_mamba(spec: Any) -> bool:
+    return isinstance(spec, load_vllm().iface.MambaSpec)
 
 
-def _kv_dtype(vc: Any) -> Any:
-    return vc.model_config.dtype  # kv_cache_dtype "auto": the model dtype
+def _attention_specs(specs: dict[str, Any]) -> list[Any]:
+    return [s for s in specs.values() if hasattr(s, "num_kv_heads") and not _is_mamba(s)]
 
 
-def _cuda_rule(v: _Vllm, vc: Any, d: Deployment) -> None:
+def _mamba_specs(specs: dict[str, Any]) -> list[Any]:
+    return [s for s in specs.values() if _is_mamba(s)]
+
+
+def _attn_page_1_token(base: dict[str, Any]) -> int:
+    """Bytes per token of the first attention layer (K and V), as its spec computes them."""
+    import dataclasses
+
+    attn = _attention_specs(base)
+    if not attn:
+        raise ConfigError("the model has no attention layer to align the hybrid block size to")
+    return dataclasses.replace(attn[0], block_size=1, page_size_padded=None).page_size_bytes
+
+
+def _mamba_page(base: dict[str, Any]) -> int:
+    import dataclasses
+
+    return max(dataclasses.replace(s, page_size_padded=None).page_size_bytes for s in _mamba_specs(base))
+
+
+def _cuda_rule(v: _Vllm, vc: Any, d: Deployment, base: dict[str, Any]) -> None:
     """Upstream vLLM on CUDA with FlashAttention: vLLM's own ``_align_hybrid_block_size``."""
-    if d.model.is_hybrid:
+    if _mamba_specs(base):
         v.platform_iface.Platform._align_hybrid_block_size(vc, v.flash_attn.FlashAttentionBackend)
 
 
-def _ascend_align_rule(align: int) -> Callable[[_Vllm, Any, Deployment], None]:
-    """vllm-ascend's patched ``verify_and_update_config`` up to v0.15: upstream's hybrid formula with
-    a 64-token (to v0.11.0rc1) or 128-token (v0.11.0rc2 .. v0.15) alignment (§5.4)."""
-    return lambda v, vc, d: _ascend_align(v, vc, d, align)
+def _ascend_align_rule(align: int) -> Callable[[_Vllm, Any, Deployment, dict[str, Any]], None]:
+    """vllm-ascend's patched ``verify_and_update_config`` up to v0.15 (``patch_mamba_config.py``):
+    upstream's hybrid formula with a 64-token (to v0.11.0rc1) or 128-token (v0.11.0rc2 .. v0.15,
+    vllm-ascend #4025) alignment; attention-only models get ``NPUPlatform``'s block size 128."""
+    return lambda v, vc, d, base: _ascend_align(vc, d, base, align)
 
 
-def _ascend_align(v: _Vllm, vc: Any, d: Deployment, align: int) -> None:
+def _ascend_align(vc: Any, d: Deployment, base: dict[str, Any], align: int) -> None:
     cc = vc.cache_config
-    if not d.model.is_hybrid:
-        cc.block_size = 128  # NPUPlatform.check_and_update_config when block_size is unset
+    if not _mamba_specs(base):
+        cc.block_size = d.block_size or 128  # NPUPlatform.check_and_update_config when block_size is unset
         return
-    attn_1 = _attn_page_1_token(v, vc)
-    mamba_page = _mamba_page(v, vc)
+    attn_1 = _attn_page_1_token(base)
+    mamba_page = _mamba_page(base)
     block = align * math.ceil(mamba_page / (align * attn_1))
     if cc.block_size is None or cc.block_size < block:
         cc.block_size = block
     attn_page = cc.block_size * attn_1
-    assert attn_page >= mamba_page
     if cc.mamba_cache_mode == "align":
         cc.mamba_block_size = cc.block_size
     cc.mamba_page_size_padded = attn_page if attn_page != mamba_page else None
 
 
-def _ascend_contiguous_rule(v: _Vllm, vc: Any, d: Deployment) -> None:
-    """vllm-ascend #6887 (v0.16.0rc1 on): K page = ssm state, page = 2K + conv (§3)."""
-    cc, mc, pc = vc.cache_config, vc.model_config, vc.parallel_config
-    if not d.model.is_hybrid:
-        cc.block_size = 128
+def _ascend_contiguous_rule(v: _Vllm, vc: Any, d: Deployment, base: dict[str, Any]) -> None:
+    """vllm-ascend #6887 (v0.16.0rc1 on): K page = ssm state, page = 2K + conv."""
+    cc = vc.cache_config
+    mamba = _mamba_specs(base)
+    if not mamba:
+        cc.block_size = d.block_size or 128
         return
     kernel = 128
-    k_tok = mc.get_head_size() * mc.get_num_kv_heads(pc) * _kv_dtype(vc).itemsize
-    shapes, dtypes = _mamba_state(v, vc)
-    sizes = [math.prod(s) * dt.itemsize for s, dt in zip(shapes, dtypes)]
+    k_tok = _attn_page_1_token(base) // 2
+    sizes = [math.prod(s) * dt.itemsize for s, dt in zip(mamba[0].shapes, mamba[0].dtypes)]
     ssm_page, conv_page = max(sizes), min(sizes)
     block = kernel * math.ceil(ssm_page / (kernel * k_tok))
     if k_tok * block != ssm_page:
-        raise ConfigError(f"vllm-ascend's contiguous layout needs the K page ({k_tok} B/token × {block}) "
-                          f"to equal the ssm state ({ssm_page} B); this model does not fit it")
+        raise NotAuditable(f"vllm-ascend's contiguous hybrid layout (#6887) needs the K page ({k_tok} B/token × "
+                          f"{block}) to equal the largest mamba state ({ssm_page} B); {d.model.name} does not fit "
+                          "it (vllm-ascend v0.16+ asserts this at start-up)")
     if cc.block_size is None or cc.block_size < block:
         cc.block_size = block
     cc.mamba_block_size = cc.block_size if cc.mamba_cache_mode == "align" else d.max_model_len
@@ -171,26 +199,7 @@ PLATFORMS: dict[str, PlatformRule] = {
 }
 
 
-# --- building the plan ----------------------------------------------------------------------------
-
-
-def _mamba_state(v: _Vllm, vc: Any) -> tuple[tuple, tuple]:
-    """GatedDeltaNet state shapes and dtypes from vLLM's own calculators, sharded for TP."""
-    hf, cc = vc.model_config.hf_text_config, vc.cache_config
-    spec = vc.speculative_config
-    num_spec = spec.num_speculative_tokens if spec else 0
-    shapes = v.mamba_utils.MambaStateShapeCalculator.gated_delta_net_state_shape(
-        vc.parallel_config.tensor_parallel_size, hf.linear_num_key_heads, hf.linear_num_value_heads,
-        hf.linear_key_head_dim, hf.linear_value_head_dim, hf.linear_conv_kernel_dim, num_spec)
-    dtypes = v.mamba_utils.MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-        vc.model_config.dtype, cc.mamba_cache_dtype, cc.mamba_ssm_cache_dtype)
-    return tuple(tuple(s) for s in shapes), tuple(dtypes)
-
-
-def _mamba_page(v: _Vllm, vc: Any) -> int:
-    shapes, dtypes = _mamba_state(v, vc)
-    return v.iface.MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
-
+# --- vLLM's engine config and model ------------------------------------------------------------------
 
 _MODEL_DIRS: dict[Path, Path] = {}
 
@@ -207,58 +216,104 @@ def _model_dir(config_path: Path) -> Path:
     return _MODEL_DIRS[config_path]
 
 
-def _vllm_config(v: _Vllm, d: Deployment) -> Any:
+def _build_key(d: Deployment) -> str:
+    from kvaudit.vllm_model import cache_key
+
+    return cache_key(str(d.model.config_path), d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
+                     d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
+                     d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode)
+
+
+def engine_config(d: Deployment) -> Any:
+    """vLLM's ``VllmConfig`` for the deployment, as ``vllm serve`` with these options makes it; vLLM's
+    refusal (TP vs heads, max model len vs RoPE, quantization, dtype) is a one-line ConfigError."""
+    from kvaudit.vllm_model import stand_ins
+
+    v = load_vllm()
     c = v.config
     try:
-        mc = c.ModelConfig(model=str(_model_dir(d.model.config_path)), dtype=d.dtype,
-                           max_model_len=d.max_model_len)
-        vc = c.VllmConfig(model_config=mc, cache_config=c.CacheConfig(),
-                          parallel_config=c.ParallelConfig(tensor_parallel_size=d.tp),
-                          device_config=c.DeviceConfig(device="cpu"))
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"vLLM rejected the config {d.model.config_path}: {_first_line(e)}") from None
+        with quiet_vllm(), stand_ins():
+            mc = c.ModelConfig(model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype,
+                               max_model_len=d.max_model_len, quantization=d.quantization,
+                               hf_overrides=dict(d.hf_overrides or {}))
+            cache = dict(cache_dtype=d.kv_cache_dtype)
+            if d.block_size is not None:
+                cache["block_size"] = d.block_size
+            if d.enable_prefix_caching is not None:
+                cache["enable_prefix_caching"] = d.enable_prefix_caching
+            if d.mamba_cache_mode is not None:
+                cache["mamba_cache_mode"] = d.mamba_cache_mode
+            kwargs: dict[str, Any] = dict(
+                model_config=mc, cache_config=c.CacheConfig(**cache),
+                parallel_config=c.ParallelConfig(tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp),
+                device_config=c.DeviceConfig(device="cpu"))
+            if d.max_num_seqs is not None:
+                kwargs["scheduler_config"] = c.SchedulerConfig(
+                    max_num_seqs=d.max_num_seqs, max_model_len=mc.max_model_len,
+                    is_encoder_decoder=mc.is_encoder_decoder)
+            if d.num_speculative_tokens:
+                kwargs["speculative_config"] = c.SpeculativeConfig(
+                    method="mtp", num_speculative_tokens=d.num_speculative_tokens, target_model_config=mc,
+                    target_parallel_config=kwargs["parallel_config"])
+            vc = c.VllmConfig(**kwargs)
+    except (ValueError, TypeError, NotImplementedError, AssertionError) as e:
+        raise ConfigError(f"vLLM rejected {d.model.config_path} for this deployment: {_first_line(e)}") from None
     # With no accelerator vLLM's UnspecifiedPlatform turns the hybrid KV-cache manager off; every
     # platform kvaudit audits (CUDA, Ascend) keeps it on.
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
-    vc.cache_config.num_gpu_blocks_override = d.num_blocks_override
     return vc
 
 
-def _layer_specs(v: _Vllm, vc: Any, d: Deployment, rule: PlatformRule) -> dict[str, Any]:
-    """One ``KVCacheSpec`` per layer, in model order, as the model runner's ``get_kv_cache_spec``."""
-    cc, mc, pc = vc.cache_config, vc.model_config, vc.parallel_config
-    specs: dict[str, Any] = {}
-    mamba = _mamba_state(v, vc) if d.model.is_hybrid else None
-    for layer in d.model.layers:
-        if layer.kind == FULL_ATTENTION:
-            kw: dict[str, Any] = dict(block_size=cc.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
-                                      head_size=mc.get_head_size(), dtype=_kv_dtype(vc))
-            if rule.attention_page_padded and cc.mamba_page_size_padded:
-                kw["page_size_padded"] = cc.mamba_page_size_padded
-            spec = v.iface.FullAttentionSpec(**kw)
-            if rule.name == "cuda" and hasattr(v.worker_utils, "customize_attention_spec"):  # vLLM 0.29+
-                spec = v.worker_utils.customize_attention_spec(v.flash_attn.FlashAttentionBackend, spec)
-        else:
-            assert mamba is not None
-            spec = v.iface.MambaSpec(
-                shapes=mamba[0], dtypes=mamba[1], block_size=cc.mamba_block_size,
-                page_size_padded=cc.mamba_page_size_padded,
-                mamba_type=v.registry.MambaAttentionBackendEnum.GDN_ATTN,
-                mamba_cache_mode=cc.mamba_cache_mode, num_speculative_blocks=vc.num_speculative_tokens)
-        specs[layer.name] = spec
+def model_for(d: Deployment) -> Any:
+    """vLLM's model for the deployment's rank, built on ``meta`` (cached per process)."""
+    from kvaudit import vllm_model
+
+    key = _build_key(d)
+    if key not in vllm_model._BUILT:
+        vc = engine_config(d)
+        with quiet_vllm():
+            return vllm_model.build_model(vc, key, d.pp_rank)
+    return vllm_model._BUILT[key]
+
+
+def _config_for_plan(vc: Any, d: Deployment) -> Any:
+    """A copy of the build config with a cache config of its own, for one platform rule."""
+    vcp = copy.copy(vc)
+    object.__setattr__(vcp, "cache_config", copy.deepcopy(vc.cache_config))
+    vcp.cache_config.num_gpu_blocks_override = d.num_blocks_override
+    return vcp
+
+
+def _layer_specs(v: _Vllm, built: Any, vc: Any, d: Deployment, rule: PlatformRule) -> dict[str, Any]:
+    """One ``KVCacheSpec`` per layer, from vLLM's own layers, after the platform rule set the cache config."""
+    import dataclasses
+
+    if d.block_size is not None:
+        vc.cache_config.block_size = d.block_size
+    base = built.kv_cache_specs(vc)
+    if not base:
+        raise ConfigError(f"{d.model.name}: vLLM's model registers no layer that holds KV cache on this rank")
+    rule.apply(v, vc, d, base)
+    specs = built.kv_cache_specs(vc)
+    padded = vc.cache_config.mamba_page_size_padded
+    if rule.attention_page_padded and padded:
+        specs = {name: dataclasses.replace(s, page_size_padded=padded)
+                 if not _is_mamba(s) and hasattr(s, "page_size_padded") and s.page_size_bytes < padded else s
+                 for name, s in specs.items()}
     return specs
 
 
 def build_plan(d: Deployment, platform: str) -> KVPlan:
-    """Plan the KV cache for ``d`` with vLLM's own planner under the platform's block-size rule."""
+    """Plan the KV cache for ``d`` with vLLM's own model specs and planner under the platform's rule."""
     rule = PLATFORMS[platform]
     v = load_vllm()
+    built = model_for(d)
     with quiet_vllm():
-        vc = _vllm_config(v, d)
-        rule.apply(v, vc, d)
-        specs = _layer_specs(v, vc, d, rule)
+        vc = _config_for_plan(built.vllm_config, d)
+        specs = _layer_specs(v, built, vc, d, rule)
         if hasattr(v.backend_utils, "resolve_kv_cache_layout"):  # vLLM 0.29+: the engine resolves it first
-            backends = [v.flash_attn.FlashAttentionBackend] + ([v.gdn.GDNAttentionBackend] if d.model.is_hybrid else [])
+            layers = vc.compilation_config.static_forward_context
+            backends = list(dict.fromkeys(layers[name].get_attn_backend() for name in specs))
             layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
             v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
         groups: list[Any] = []
@@ -279,8 +334,16 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
 
 
 def _first_line(e: BaseException) -> str:
+    """The reason in one line; for pydantic's validation errors (vLLM's configs), the first error's message."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            return str(first.get("msg", "")).removeprefix("Value error, ").splitlines()[0][:400]
+        except Exception:  # not pydantic's errors() after all
+            pass
     text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    return text.splitlines()[0][:400]
 
 
 def _to_plan(cfg: Any, vc: Any, d: Deployment, rule: PlatformRule, specs: dict[str, Any],
@@ -290,6 +353,7 @@ def _to_plan(cfg: Any, vc: Any, d: Deployment, rule: PlatformRule, specs: dict[s
                   page_size_bytes=g.kv_cache_spec.page_size_bytes, layer_names=tuple(g.layer_names))
         for i, g in enumerate(cfg.kv_cache_groups))
     tensors = cfg.kv_cache_tensors
+    interleaved = False
     if tensors and hasattr(tensors[0], "shared_by"):
         fmt = "shared_by"
         regions = tuple(TensorPlan(size=t.size, shared_by=tuple(t.shared_by)) for t in tensors)
@@ -297,9 +361,13 @@ def _to_plan(cfg: Any, vc: Any, d: Deployment, rule: PlatformRule, specs: dict[s
     else:
         fmt = "layers"
         page = {name: g.page_size_bytes for g in groups for name in g.layer_names}
-        regions = shared_by_view(tensors, cfg.num_blocks, page)
         planned = max(t.size for t in tensors) if tensors else 0
-    return KVPlan(vllm_version=version, platform=rule.name, block_size=vc.cache_config.block_size,
+        try:
+            regions = shared_by_view(tensors, cfg.num_blocks, page)
+        except NotAuditable:
+            interleaved = True
+            regions = (TensorPlan(size=planned, shared_by=tuple(name for t in tensors for name in t.layers)),)
+    return KVPlan(interleaved=interleaved, vllm_version=version, platform=rule.name, block_size=vc.cache_config.block_size,
                   num_blocks=cfg.num_blocks, kv_budget_bytes=d.kv_budget_bytes, plan_format=fmt,
                   planned_bytes=planned, groups=groups, tensors=regions,
                   layer_specs={name: type(s).__name__ for name, s in specs.items()},
@@ -322,7 +390,125 @@ def shared_by_view(tensors: Any, num_blocks: int, page_size: dict[str, int]) -> 
     ordered = sorted(spans.items())
     for ((_, end), _a), ((start, _), _b) in zip(ordered, ordered[1:]):
         if start < end:
-            raise StrategyFailed(
+            raise NotAuditable(
                 "this plan interleaves layers within blocks (block-outermost layout); it has no "
                 "shared_by view for strategies written for KVCacheTensor(size, shared_by)")
     return tuple(TensorPlan(size=e - s, shared_by=tuple(names)) for (s, e), names in ordered)
+
+
+# --- the deployment, as vLLM resolves it ------------------------------------------------------------
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+MAMBA_CACHE_MODES = ("none", "align", "all")
+
+
+def make_deployment(
+    model: ModelSpec,
+    *,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_model_len: int | None = None,
+    device: str = "atlas-a2-64g",
+    device_memory_bytes: int | None = None,
+    dtype: str = "auto",
+    weights_bytes: int | None = None,
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    kv_cache_memory_bytes: int | None = None,
+    kv_transfer: bool = False,
+    num_blocks_override: int | None = None,
+    pp: int = 1,
+    pp_rank: int = 0,
+    kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
+    block_size: int | None = None,
+    enable_prefix_caching: bool | None = None,
+    mamba_cache_mode: str | None = None,
+    max_num_seqs: int | None = None,
+    num_speculative_tokens: int = 0,
+    hf_overrides: dict | None = None,
+) -> Deployment:
+    """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
+    and build its model for this rank to weigh it; impossible numbers are one-line errors."""
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise UsageError(f"--util must be in (0, 1], got {gpu_memory_utilization}")
+    for what, n in (("--tp", tp), ("--pp", pp), ("--max-model-len", max_model_len), ("--num-blocks", num_blocks_override),
+                    ("--block-size", block_size), ("--max-num-seqs", max_num_seqs)):
+        if n is not None and n < 1:
+            raise UsageError(f"{what} must be at least 1, got {n}")
+    if not 0 <= pp_rank < pp:
+        raise UsageError(f"--pp-rank must be in [0, {pp}), got {pp_rank}")
+    if num_speculative_tokens < 0:
+        raise UsageError(f"--num-speculative-tokens must not be negative, got {num_speculative_tokens}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"unknown --kv-cache-dtype {kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
+    if mamba_cache_mode is not None and mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise UsageError(f"unknown --mamba-cache-mode {mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")
+    if device not in DEVICES and device_memory_bytes is None:
+        raise UsageError(f"unknown --device {device!r} (known: {', '.join(DEVICES)}); or give --device-memory")
+    for what, v in (("--device-memory", device_memory_bytes), ("--weights", weights_bytes),
+                    ("--kv-cache-memory", kv_cache_memory_bytes)):
+        if v is not None and v <= 0:
+            raise UsageError(f"{what} must be positive, got {v}")
+    if overhead_bytes < 0:
+        raise UsageError(f"--overhead must not be negative, got {overhead_bytes}")
+    model.check_parallel(tp, pp)
+    mem = device_memory_bytes if device_memory_bytes is not None else DEVICES[device].memory_bytes
+    d = Deployment(model=model, tp=tp, dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
+                   device=device if device_memory_bytes is None else "custom", device_memory_bytes=mem,
+                   gpu_memory_utilization=gpu_memory_utilization, weights_bytes=weights_bytes or 0,
+                   weights_source="--weights", overhead_bytes=overhead_bytes,
+                   kv_cache_memory_bytes=kv_cache_memory_bytes, kv_transfer=kv_transfer,
+                   num_blocks_override=num_blocks_override, pp=pp, pp_rank=pp_rank, requested_dtype=dtype,
+                   kv_cache_dtype=kv_cache_dtype, quantization=quantization, block_size=block_size,
+                   enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
+                   max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
+                   hf_overrides=hf_overrides)
+    built = model_for(d)
+    mc = built.vllm_config.model_config
+    resolved: dict[str, Any] = dict(dtype=str(mc.dtype).removeprefix("torch."), max_model_len=mc.max_model_len,
+                                    architecture=built.architecture)
+    if weights_bytes is None:
+        resolved.update(weights_bytes=built.weights_bytes, weights_source=(
+            f"parameters and buffers of vLLM's {built.architecture} built for rank 0 of TP {tp}"
+            + (f", stage {pp_rank} of PP {pp}" if pp > 1 else "")
+            + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'})"))
+    d = dataclasses.replace(d, **resolved)
+    from kvaudit import vllm_model
+
+    vllm_model._BUILT.setdefault(_build_key(d), built)  # the same build, under the resolved options
+    if d.kv_budget_bytes <= 0:
+        need = d.non_kv_bytes / d.device_memory_bytes
+        raise ConfigError(
+            f"no memory left for the KV cache: weights {fmt_bytes(d.weights_bytes)} + overhead "
+            f"{fmt_bytes(d.overhead_bytes)} exceed {gpu_memory_utilization} × "
+            f"{fmt_bytes(mem)} = {fmt_bytes(int(mem * gpu_memory_utilization))}; "
+            f"--util must exceed {need:.3f}, or raise --tp")
+    return d
+
+
+_KIND_NAMES = {"FullAttentionSpec": "full attention", "SlidingWindowSpec": "sliding window",
+               "MLAAttentionSpec": "MLA", "ChunkedLocalAttentionSpec": "chunked local"}
+
+
+def layer_mix(d: Deployment) -> str:
+    """The KV-cache layers of the deployment's rank by kind, e.g. ``36 GDN + 12 full attention``."""
+    counts: dict[str, int] = {}
+    for name, spec in model_for(d).kv_cache_specs().items():
+        kind = type(spec).__name__
+        if _is_mamba(spec):
+            kind = _mamba_kind(spec)
+        elif kind == "MLAAttentionSpec" and "indexer" in name:
+            kind = "indexer"
+        else:
+            kind = _KIND_NAMES.get(kind, kind)
+        counts[kind] = counts.get(kind, 0) + 1
+    return " + ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _mamba_kind(spec: Any) -> str:
+    backend = str(getattr(spec.mamba_type, "name", spec.mamba_type)).upper()
+    for key, label in (("GDN", "GDN"), ("MAMBA2", "Mamba2"), ("MAMBA1", "Mamba"), ("SHORT_CONV", "short conv"),
+                       ("LINEAR", "linear attention")):
+        if key in backend:
+            return label
+    return backend.lower()

@@ -43,6 +43,7 @@ def to_dict(rep: Report) -> dict[str, Any]:
         "deployment": rep.deployment.to_dict(),
         "plan": rep.audits[0].plan.to_dict() if rep.audits else None,
         "audits": [r.to_dict() for r in rep.audits],
+        "skipped": [{"strategy": name, "reason": reason} for name, reason in rep.skipped],
         "exit_code": rep.exit_code,
     }
 
@@ -58,8 +59,11 @@ def summary_line(rep: Report) -> str:
     failed = [r for r in results if r.verdict is Verdict.FAIL]
     where = f"meter {rep.meter}" + (" (accounting only, not a device measurement)" if rep.meter == "meta" else "")
     tail = f"{where}; planned by vLLM {rep.vllm_version}"
+    if rep.skipped:
+        tail += f"; {len(rep.skipped)} not audited ({', '.join(name for name, _ in rep.skipped)}: cannot allocate this plan)"
     if not failed:
-        return f"kvaudit: PASS: {len(results)} of {len(results)} strategies allocate what vLLM planned; {tail}"
+        verdict = "PASS" if not rep.skipped else "NOT MEASURED"
+        return f"kvaudit: {verdict}: {len(results)} of {len(results)} audited strategies allocate what vLLM planned; {tail}"
     worst = ", ".join(f"{r.strategy} {'out of memory' if r.device_oom else f'{r.ratio:.2f}×'}"
                       + (" leaks" if r.leaked_bytes else "") for r in failed)
     return f"kvaudit: FAIL: {len(failed)} of {len(results)} strategies do not allocate what vLLM planned ({worst}); {tail}"
@@ -144,8 +148,10 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     dep.add_column()
     m = d.model
     dev = DEVICES.get(d.device)
-    dep.add_row("model", f"{m.name} ({m.model_type}, {len(m.layers)} layers) · TP {d.tp} · {d.dtype} · "
-                         f"max-model-len {d.max_model_len}")
+    kv_layers = len(results[0].plan.layer_specs) if results else 0
+    dep.add_row("model", f"{m.name} ({d.architecture or m.architecture}, {kv_layers} KV-cache layers on this rank) · "
+                         f"TP {d.tp}" + (f" · PP {d.pp} stage {d.pp_rank}" if d.pp > 1 else "")
+                         + f" · {d.dtype} · kv-cache-dtype {d.kv_cache_dtype} · max-model-len {d.max_model_len}")
     dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
                                  + (f", {dev.title}" if dev else ", --device-memory") + ")")
     dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
@@ -161,9 +167,19 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         extras.append("--kv-transfer: vllm-ascend's 2 MiB-aligned buffers")
     if d.num_blocks_override is not None:
         extras.append(f"--num-blocks {d.num_blocks_override}: a scaled plan")
+    for flag, value in (("--quantization", d.quantization), ("--block-size", d.block_size),
+                        ("--enable-prefix-caching", d.enable_prefix_caching), ("--mamba-cache-mode", d.mamba_cache_mode),
+                        ("--max-num-seqs", d.max_num_seqs), ("--num-speculative-tokens", d.num_speculative_tokens or None),
+                        ("--hf-overrides", d.hf_overrides)):
+        if value is not None:
+            extras.append(f"{flag} {value}")
     if extras:
         dep.add_row("options", "; ".join(extras))
     out.append(dep)
+    skipped = [f"[bold]{name}[/]: not audited: {reason}" for name, reason in rep.skipped]
+    if not results:
+        out.append(Text.from_markup("\n".join("• " + n for n in skipped)))
+        return out
 
     plans = _plans(results)
     base = plans[0][0]
@@ -179,7 +195,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
 
     if detail == "summary":
         out.append(_summary_table(results, meter))
-        out.extend(_notes(results, d))
+        out.extend(_notes(results, d, rep.skipped))
         return out
     gt = Table(title="KV-cache groups (the same in every plan)", title_justify="left")
     gt.add_column("group", justify="right")
@@ -201,14 +217,15 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     for r in results:
         out.extend(_strategy_detail(r, detail))
     out.append(_summary_table(results, meter))
-    out.extend(_notes(results, d))
+    out.extend(_notes(results, d, rep.skipped))
     return out
 
 
-def _notes(results: list[AuditResult], d: Deployment) -> list[Any]:
+def _notes(results: list[AuditResult], d: Deployment, skipped: tuple[tuple[str, str], ...] = ()) -> list[Any]:
     from rich.text import Text
 
     notes = [f"[bold]{r.strategy}[/]: {reason}" for r in results for reason in r.reasons]
+    notes += [f"[bold]{name}[/]: not audited: {reason}" for name, reason in skipped]
     notes += [_oom_note(r, d) for r in results if r.oom is not None]
     notes += [f"[bold]{r.strategy}[/]: allocator rounding {fmt_bytes(r.rounding_bytes, signed=True)} (handed out "
               f"{fmt_bytes(r.reading.allocated)} for {fmt_bytes(r.reading.requested or 0)} requested; not counted "

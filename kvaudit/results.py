@@ -58,6 +58,10 @@ class KVPlan:
     tensors: tuple[TensorPlan, ...]
     layer_specs: dict[str, str] = field(compare=False)
     """Layer name -> spec type name."""
+    interleaved: bool = False
+    """The plan interleaves layers within blocks (vLLM 0.29+ for specs of unequal page size, e.g.
+    DeepSeek-V3.2's MLA + indexer): ``tensors`` is then the one backing allocation shared by every
+    layer, and code written for ``shared_by`` regions cannot allocate it."""
     kv_cache_config: Any = field(default=None, repr=False, compare=False)
     """The vLLM ``KVCacheConfig`` object itself."""
     vllm_config: Any = field(default=None, repr=False, compare=False)
@@ -85,6 +89,7 @@ class KVPlan:
     def shared_by_config(self) -> Any:
         """The plan as code written for ``KVCacheTensor(size, shared_by)`` reads it: vLLM's own
         config for a ``shared_by`` plan, else one with the ``shared_by`` regions and vLLM's groups."""
+        self.require_regions("code written for KVCacheTensor(size, shared_by)")
         if self.plan_format == "shared_by":
             return self.kv_cache_config
         from types import SimpleNamespace
@@ -94,10 +99,18 @@ class KVPlan:
             kv_cache_tensors=[SimpleNamespace(size=t.size, shared_by=list(t.shared_by)) for t in self.tensors],
             kv_cache_groups=self.kv_cache_config.kv_cache_groups)
 
+    def require_regions(self, who: str) -> None:
+        """Refuse (``NotAuditable``) when the plan has no ``shared_by`` regions for ``who`` to allocate."""
+        if self.interleaved:
+            from kvaudit.errors import NotAuditable
+
+            raise NotAuditable(f"{who} cannot allocate this plan: vLLM {self.vllm_version} interleaves its layers "
+                               "within blocks (specs of unequal page size), so it has no shared_by regions")
+
     def to_dict(self) -> dict:
         """JSON form."""
         return {
-            "vllm_version": self.vllm_version, "platform": self.platform, "block_size": self.block_size,
+            "vllm_version": self.vllm_version, "interleaved": self.interleaved, "platform": self.platform, "block_size": self.block_size,
             "num_blocks": self.num_blocks, "kv_budget_bytes": self.kv_budget_bytes,
             "plan_format": self.plan_format, "planned_bytes": self.planned_bytes,
             "groups": [{"index": g.index, "spec": g.spec_type, "block_size": g.block_size,
@@ -338,8 +351,12 @@ class Report:
     meter_device: str
     """What the meter measured on, e.g. ``cuda: NVIDIA H200 #0, 150,112,731,136 B total, ...``."""
     vllm_version: str | None
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(strategy, reason) for each strategy that cannot allocate this plan at all."""
 
     @property
     def exit_code(self) -> int:
-        """0 when every audited strategy passed, 1 when any failed."""
-        return 0 if all(r.verdict is Verdict.PASS for r in self.audits) else 1
+        """0 when every strategy was audited and passed, 1 when any failed, else 3 when any could not run."""
+        if any(r.verdict is not Verdict.PASS for r in self.audits):
+            return 1
+        return 3 if self.skipped else 0

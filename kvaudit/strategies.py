@@ -94,6 +94,7 @@ def allocate_vllm(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTe
 def allocate_ascend_0_11(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
     """vllm-ascend up to v0.11.0 (before PR #3760): every layer of a shared tensor gets its own
     buffer; attention gets K and V halves, each linear-attention layer a full-size buffer."""
+    plan.require_regions("vllm-ascend's allocator (0.11)")
     raw: RawTensors = {}
     for t in plan.tensors:
         for name in t.shared_by:
@@ -111,6 +112,7 @@ def allocate_ascend_0_11(plan: KVPlan, device: Any, kv_transfer: bool = False) -
 def allocate_ascend_0_12(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
     """vllm-ascend v0.12.0rc1 .. v0.15 (PR #3760): the linear-attention layers of a tensor share one
     buffer, the attention layers share one K/V pair, but the two do not alias each other."""
+    plan.require_regions("vllm-ascend's allocator (0.12)")
     raw: RawTensors = {}
     for t in plan.tensors:
         for name in t.shared_by:
@@ -128,6 +130,7 @@ def allocate_ascend_0_16(plan: KVPlan, device: Any, kv_transfer: bool = False) -
     """vllm-ascend v0.16.0rc1 on (PR #6887): one buffer per tensor that holds a mamba layer, or
     once any tensor mixed attention and mamba, shared by every layer of the tensor; K/V halves
     only for attention-only tensors seen before any hybrid one."""
+    plan.require_regions("vllm-ascend's allocator (0.16)")
     raw: RawTensors = {}
     hybrid_with_attn_and_mamba = False
     for t in plan.tensors:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec, make_deployment
+from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract
 from kvaudit.spec import ModelSpec, load_model_spec
@@ -263,6 +263,8 @@ def _deployment(values: dict[str, Sourced], spec: ModelSpec) -> Deployment:
     args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
                 gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
                 dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")))
+    from kvaudit.plan import make_deployment
+
     d = make_deployment(spec, **args)
     budget = v.get("KV budget")
     if budget is None:

@@ -11,7 +11,8 @@ import pytest
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
-from kvaudit.deployment import PRESETS, load_preset_spec, make_deployment  # noqa: E402
+from kvaudit.deployment import PRESETS, load_preset_spec  # noqa: E402
+from kvaudit.plan import make_deployment  # noqa: E402
 from kvaudit.results import MemoryReading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

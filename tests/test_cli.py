@@ -43,13 +43,13 @@ def test_audit_with_config_path_is_the_same_as_the_preset(capsys):
 BAD_INPUT = [
     (["audit", "--config", "/nonexistent/config.json"], "config not found"),
     (["audit", "--config", "{tmp}/notjson.json"], "not valid JSON"),
-    (["audit", "--config", "{tmp}/missing.json"], "missing required field 'num_hidden_layers'"),
-    (["audit", "--config", "{tmp}/gpt2.json"], "unsupported model_type 'gpt2'"),
+    (["audit", "--config", "{tmp}/missing.json"], "missing 'architectures'"),
+    (["audit", "--config", "{tmp}/gpt2.json"], "'num_hidden_layers' must be a positive integer"),
     (["audit"], "exactly one of --config"),
     (["qwen3-next", "--util", "0"], "--util must be in (0, 1]"),
     (["qwen3-next", "--util", "1.5"], "--util must be in (0, 1]"),
     (["qwen3-next", "--util", "abc"], "invalid float value"),
-    (["qwen3-next", "--tp", "3"], "TP 3 does not divide"),
+    (["qwen3-next", "--tp", "3"], "must be divisible by tensor parallel size (3)"),
     (["qwen3-next", "--device-memory=-5GiB"], "must be positive"),
     (["qwen3-next", "--device-memory", "0"], "must be positive"),
     (["qwen3-next", "--kv-cache-memory", "1MiB"], "planner refused"),
@@ -66,7 +66,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     (tmp_path / "notjson.json").write_text("{model_type: qwen3_next")
     (tmp_path / "missing.json").write_text('{"model_type": "llama"}')
-    (tmp_path / "gpt2.json").write_text('{"model_type": "gpt2"}')
+    (tmp_path / "gpt2.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     code, out, err = _run([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2
     assert out == ""

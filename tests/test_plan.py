@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvaudit.errors import ConfigError, StrategyFailed
+from kvaudit.errors import ConfigError, NotAuditable
 from kvaudit.plan import shared_by_view
 from conftest import deployment, plan_for
 
@@ -77,5 +77,5 @@ def test_shared_by_view_groups_coincident_spans():
 def test_shared_by_view_refuses_interleaved_layouts():
     # block-outermost: layer stride = page, block stride = packed block: spans overlap partially
     tensors = [_t(["a0", "a1"], 10, 20)]
-    with pytest.raises(StrategyFailed, match="block-outermost"):
+    with pytest.raises(NotAuditable, match="block-outermost"):
         shared_by_view(tensors, 4, {"a0": 10, "a1": 10})

@@ -1,4 +1,4 @@
-"""config.json -> ModelSpec: layer kinds, TP checks, weights per rank, and every bad-input error."""
+"""config.json -> ModelSpec: what is read before vLLM loads, and every bad-input error (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,25 @@ import sys
 
 import pytest
 
+from kvaudit.cli import main
 from kvaudit.errors import ConfigError, UsageError
-from kvaudit.spec import FULL_ATTENTION, LINEAR_ATTENTION, load_model_spec
+from kvaudit.spec import load_model_spec
 from conftest import ROOT
 
 QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct/config.json"
-LLAMA = ROOT / "fixtures/configs/llama-3.1-8b/config.json"
+GEMMA = ROOT / "fixtures/configs/gemma-3-27b-it/config.json"
 
 
-def test_qwen3_next_layers_follow_full_attention_interval():
-    s = load_model_spec(QWEN)
-    assert len(s.layers) == 48
-    full = [l.index for l in s.layers if l.kind == FULL_ATTENTION]
-    assert full == list(range(3, 48, 4))
-    assert s.layers[3].name == "model.layers.3.self_attn.attn"
-    assert s.layers[0].name == "model.layers.0.linear_attn" and s.layers[0].kind == LINEAR_ATTENTION
-    assert s.is_hybrid and s.linear.num_v_heads == 32 and s.linear.conv_kernel_size == 4
+def test_wrapper_configs_are_read_through_their_text_config():
+    s = load_model_spec(GEMMA)
+    assert s.architecture == "Gemma3ForConditionalGeneration"
+    assert s.num_hidden_layers == 62 and s.text["sliding_window"] == 1024
 
 
-def test_weights_per_rank_match_public_figures():
-    # ~80B parameters in all; vllm-ascend logs "Loading model weights took 37.2362 GB" at TP 4.
-    s = load_model_spec(QWEN)
-    assert 79e9 < s.weight_params_per_rank(1) < 81e9
-    gib = s.weight_params_per_rank(4) * 2 / 2**30
-    assert abs(gib - 37.24) < 0.1
-    # Llama-3.1-8B: 8.03B parameters.
-    assert abs(load_model_spec(LLAMA).weight_params_per_rank(1) - 8.03e9) < 0.01e9
+def test_quantization_config_is_read():
+    assert load_model_spec(ROOT / "fixtures/configs/deepseek-v3").quantization == "fp8"
+    assert load_model_spec(ROOT / "fixtures/configs/gpt-oss-120b").quantization == "mxfp4"
+    assert load_model_spec(QWEN).quantization is None
 
 
 def test_spec_parsing_imports_neither_torch_nor_vllm():
@@ -45,68 +38,77 @@ def test_spec_parsing_imports_neither_torch_nor_vllm():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("tp", [3, 5, 64])
-def test_tp_that_does_not_divide_heads_is_refused(tp):
-    with pytest.raises(UsageError, match=f"TP {tp}"):
-        load_model_spec(QWEN).check_tensor_parallel(tp)
-
-
-def test_tp_above_kv_heads_replicates():
-    load_model_spec(QWEN).check_tensor_parallel(8)  # 2 KV heads replicated over 8 ranks: allowed
-
-
-def _write(tmp_path, cfg, name="config.json"):
-    p = tmp_path / name
+def _write(tmp_path, cfg) -> str:
+    p = tmp_path / "config.json"
     p.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
-    return p
+    return str(p)
 
 
-def test_missing_path(tmp_path):
+def _qwen(**changes) -> dict:
+    cfg = json.loads(QWEN.read_text())
+    cfg.update(changes)
+    return cfg
+
+
+def _gemma_window(window: int) -> dict:
+    cfg = json.loads(GEMMA.read_text())
+    cfg["text_config"].update(sliding_window=window, max_position_embeddings=131072)
+    return cfg
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ("{ not json", "not valid JSON"),
+    ("[1, 2]", "must hold a JSON object"),
+    ({"hidden_size": 1}, "missing required field 'model_type'"),
+    ({"d_model": 2560, "n_layer": 64, "vocab_size": 50277, "ssm_cfg": {}}, "mamba_ssm's format"),
+    ({"model_type": "llama", "num_hidden_layers": 2}, "missing 'architectures'"),
+    ("layer_types", "unknown layer_types entry 'banana_attention'"),
+    ("heads", "not a multiple of num_key_value_heads"),
+    ("window", "sliding_window 300000 exceeds max_position_embeddings 131072"),
+    ("layers", "'num_hidden_layers' must be a positive integer"),
+])
+def test_bad_configs_are_one_line_errors(tmp_path, cfg, message):
+    cfg = {
+        "layer_types": _qwen(layer_types=["banana_attention"] * 48),
+        "heads": _qwen(num_attention_heads=16, num_key_value_heads=3),
+        "window": _gemma_window(300000),
+        "layers": _qwen(num_hidden_layers=0),
+    }.get(cfg, cfg) if isinstance(cfg, str) and not cfg.startswith(("{", "[")) else cfg
+    with pytest.raises(ConfigError, match=message):
+        load_model_spec(_write(tmp_path, cfg))
+
+
+def test_missing_config_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="config not found"):
         load_model_spec(tmp_path / "nope.json")
-
-
-def test_directory_without_config(tmp_path):
     with pytest.raises(ConfigError, match="config not found"):
         load_model_spec(tmp_path)
 
 
-def test_not_json(tmp_path):
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        load_model_spec(_write(tmp_path, "{ not json"))
+def test_pp_larger_than_the_layer_count_is_refused():
+    with pytest.raises(UsageError, match="--pp 49 exceeds the 48 layers"):
+        load_model_spec(QWEN).check_parallel(4, 49)
 
 
-def test_not_an_object(tmp_path):
-    with pytest.raises(ConfigError, match="JSON object"):
-        load_model_spec(_write(tmp_path, "[1, 2]"))
+@pytest.mark.parametrize("args, message", [
+    (["--pp", "49"], "--pp 49 exceeds the 48 layers"),
+    (["--tp", "3"], "vLLM rejected"),
+    (["--pp", "2", "--pp-rank", "2"], "--pp-rank must be in"),
+    (["--kv-cache-dtype", "int3"], "unknown --kv-cache-dtype"),
+    (["--hf-overrides", "[1]"], "--hf-overrides must be a JSON object"),
+    (["--max-model-len", "10000000"], "vLLM rejected"),
+])
+def test_bad_deployments_exit_2_with_one_line(capsys, args, message):
+    code = main(["audit", "--config", str(QWEN), "--meter", "meta", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and message in err[0], err
 
 
-def test_missing_required_field(tmp_path):
-    cfg = json.loads(QWEN.read_text())
-    del cfg["linear_num_value_heads"]
-    with pytest.raises(ConfigError, match="missing required field 'linear_num_value_heads'"):
-        load_model_spec(_write(tmp_path, cfg))
-
-
-def test_bad_field_value(tmp_path):
-    cfg = json.loads(LLAMA.read_text())
-    cfg["num_key_value_heads"] = -8
-    with pytest.raises(ConfigError, match="positive integer"):
-        load_model_spec(_write(tmp_path, cfg))
-
-
-def test_unknown_model_type(tmp_path):
-    with pytest.raises(ConfigError, match="unsupported model_type 'gpt2'"):
-        load_model_spec(_write(tmp_path, {"model_type": "gpt2"}))
-
-
-def test_missing_model_type(tmp_path):
-    with pytest.raises(ConfigError, match="model_type"):
-        load_model_spec(_write(tmp_path, {"hidden_size": 1}))
-
-
-def test_bad_layer_types(tmp_path):
-    cfg = json.loads(QWEN.read_text())
-    cfg["layer_types"] = ["full_attention"] * 3
-    with pytest.raises(ConfigError, match="layer_types"):
-        load_model_spec(_write(tmp_path, cfg))
+def test_an_architecture_vllm_does_not_serve_is_one_line(tmp_path, capsys):
+    cfg = {"model_type": "llama", "architectures": ["NoSuchModelForCausalLM"], "num_hidden_layers": 2,
+           "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
+           "intermediate_size": 128, "max_position_embeddings": 512}
+    code = main(["audit", "--config", _write(tmp_path, cfg), "--meter", "meta"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "NoSuchModelForCausalLM" in err[0], err

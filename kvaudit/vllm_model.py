@@ -1,0 +1,320 @@
+"""vLLM's own model, built on the ``meta`` device: the layers it registers, their KV-cache specs, its weights.
+
+The model runner asks every attention-like layer of the built model for ``get_kv_cache_spec``
+(``vllm/v1/worker/gpu/attn_utils.py``); kvaudit does the same on a model that vLLM's own
+``initialize_model`` builds from the config with no weights and no device. Layer names, spec
+classes (full, sliding-window, MLA, sparse indexer, Mamba / GDN state), heads per rank and the
+weight bytes per rank (quantized layers included) are therefore vLLM's own.
+
+Building on a host with no accelerator needs stand-ins for the few places where vLLM asks the
+platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (FlashAttention
+with sinks, FlashMLA, Triton MoE); none of them changes a parameter shape or a KV-cache spec. They
+are applied only while a model is built or asked for its specs, and undone afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from kvaudit.errors import ConfigError
+
+
+@dataclass
+class BuiltModel:
+    """A model vLLM built on ``meta`` for one deployment rank, and what the runner reads from it."""
+
+    vllm_config: Any = field(repr=False)
+    """The ``VllmConfig`` it was built under; its static forward context holds the layers."""
+    architecture: str
+    weights_bytes: int
+    """Bytes of every parameter and buffer on this rank (each storage once)."""
+    layer_classes: dict[str, str]
+    """Layer name -> class name of each layer that holds KV cache (``Attention``, ``MLAAttention``, ...)."""
+    _tp: int = 1
+    _pp: int = 1
+    _pp_rank: int = 0
+
+    def kv_cache_specs(self, vllm_config: Any | None = None) -> dict[str, Any]:
+        """``{layer name: KVCacheSpec}`` as the model runner's ``get_kv_cache_spec`` returns them, for
+        the cache settings of ``vllm_config`` (a copy of the build config with its own cache config)."""
+        vc = vllm_config or self.vllm_config
+        v = _modules()
+        with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank), \
+                v.config.set_current_vllm_config(vc):
+            return dict(v.attn_utils.get_kv_cache_spec(vc))
+
+
+class _Modules:
+    """The vLLM modules the build uses, imported once."""
+
+    def __init__(self) -> None:
+        declare_torchvision_ops()
+        self.torch = importlib.import_module("torch")
+        self.config = importlib.import_module("vllm.config")
+        self.ps = importlib.import_module("vllm.distributed.parallel_state")
+        self.loader = importlib.import_module("vllm.model_executor.model_loader.utils")
+        self.torch_utils = importlib.import_module("vllm.utils.torch_utils")
+        self.platforms = importlib.import_module("vllm.platforms")
+        self.backends = importlib.import_module("vllm.v1.attention.backends.registry")
+        self.attn_utils = importlib.import_module("vllm.v1.worker.gpu.attn_utils")
+        self.registry = importlib.import_module("vllm.model_executor.models.registry")
+
+
+_MODULES: _Modules | None = None
+
+
+def _modules() -> _Modules:
+    global _MODULES
+    if _MODULES is None:
+        _MODULES = _Modules()
+    return _MODULES
+
+
+def declare_torchvision_ops() -> None:
+    """Let a torchvision whose C++ extension cannot load (a CUDA wheel beside a CPU torch) import.
+
+    vLLM's multimodal model files (Qwen3.5, Gemma 3) import transformers' image processors, which
+    import torchvision. torchvision registers fake kernels for ``torchvision::nms`` and ``::qnms``
+    at import, and that fails when its extension did not define them. Declaring the two schemas
+    first (only when torchvision's own extension did not) lets its Python part import; the ops stay
+    unimplemented and nothing kvaudit runs calls them.
+    """
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        importlib.import_module("torchvision")
+        return
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    import torch
+
+    global _TORCHVISION_LIB
+    _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        _TORCHVISION_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    importlib.import_module("torchvision")
+
+
+_TORCHVISION_LIB: Any = None
+
+
+# --- stand-ins for the platform's kernel choices ------------------------------------------------
+
+
+def _hopper_attention_backend(v: _Modules) -> Callable[..., str]:
+    """What vLLM's CUDA platform picks on a Hopper GPU: FlashAttention (3, sinks included),
+    FlashMLA for MLA, FlashMLA-sparse for DeepSeek-V3.2's sparse attention."""
+    e = v.backends.AttentionBackendEnum
+
+    def pick(selected_backend: Any, attn_selector_config: Any, num_heads: Any = None) -> str:
+        if selected_backend is not None:
+            return selected_backend.get_path()
+        c = attn_selector_config
+        if c.use_mla:
+            return (e.FLASHMLA_SPARSE if c.use_sparse else e.FLASHMLA).get_path()
+        return e.FLASH_ATTN.get_path()
+
+    return pick
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    missing = object()
+    old = obj.__dict__.get(name, missing) if isinstance(obj, type) else getattr(obj, name, missing)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, old)
+
+
+def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
+    torch = v.torch
+    platform_cls = type(v.platforms.current_platform)
+    out: list[tuple[Any, str, Any]] = []
+    if platform_cls.__name__ == "UnspecifiedPlatform":
+        out += [
+            (platform_cls, "get_attn_backend_cls", staticmethod(_hopper_attention_backend(v))),
+            (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
+            (platform_cls, "device_type", "meta"),
+        ]
+        prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
+        if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
+            out.append((platform_cls, "get_mla_prefill_backend_cls",
+                        staticmethod(lambda *_a, **_k: prefill.MLAPrefillBackendEnum.CPU.get_class())))
+    supported = lambda *_a, **_k: (True, None)  # noqa: E731
+    fa = _optional("vllm.v1.attention.backends.flash_attn")
+    if fa is not None:  # FlashAttention 3 on Hopper has sinks (the name is unbound where its import failed)
+        out.append((fa, "flash_attn_supports_sinks", lambda: True))
+    for mod, name, value in (
+        ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", supported),
+        ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_sparse_supported", supported),
+        ("vllm.v1.attention.ops.flashmla", "is_flashmla_dense_supported", supported),
+        ("vllm.v1.attention.ops.flashmla", "is_flashmla_sparse_supported", supported),
+    ):
+        m = _optional(mod)
+        if m is not None and hasattr(m, name):
+            out.append((m, name, value))
+    moe = _optional("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method")
+    oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.unquantized")
+    if moe is not None and oracle is not None and hasattr(moe, "select_unquantized_moe_backend"):
+        triton = oracle.UnquantizedMoeBackend.TRITON
+        out.append((moe, "select_unquantized_moe_backend", lambda *_a, **_k: (triton, None)))
+    mx = _optional("vllm.model_executor.layers.quantization.mxfp4")
+    mx_oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
+    if mx is not None and mx_oracle is not None and hasattr(mx, "select_mxfp4_moe_backend"):
+        triton = mx_oracle.Mxfp4MoeBackend.TRITON
+        out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (triton, None)))
+    kernels = _optional("vllm.model_executor.kernels.linear")
+    if kernels is not None and hasattr(kernels, "choose_scaled_mm_linear_kernel"):
+        out.append((kernels, "choose_scaled_mm_linear_kernel", _cuda_kernel_choice(kernels.choose_scaled_mm_linear_kernel)))
+    out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
+    if not torch.accelerator.is_available():  # the runner's workspace empties the device cache as it grows
+        out.append((torch.accelerator, "empty_cache", lambda: None))
+    return out
+
+
+def _cuda_kernel_choice(choose: Callable[..., Any]) -> Callable[..., Any]:
+    """Scaled-mm kernel choice: the platform's own answer, else the first kernel CUDA lists."""
+    def pick(config: Any, possible_kernels: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return choose(config, possible_kernels, *args, **kwargs)
+        except ValueError:
+            from vllm.platforms.interface import PlatformEnum
+
+            return possible_kernels[PlatformEnum.CUDA][0]
+    return pick
+
+
+def _optional(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a module this vLLM does not have, or cannot import here
+        return None
+
+
+_STAND_INS: list[tuple[Any, str, Any]] | None = None
+
+
+def stand_ins() -> contextlib.AbstractContextManager[None]:
+    """The stand-ins, for code outside this module that makes vLLM inspect a model (``ModelConfig``)."""
+    return _stand_ins(_modules())
+
+
+@contextlib.contextmanager
+def _stand_ins(v: _Modules) -> Iterator[None]:
+    global _STAND_INS
+    if _STAND_INS is None:
+        _STAND_INS = _stand_in_list(v)
+    with contextlib.ExitStack() as stack:
+        for obj, name, value in _STAND_INS:
+            stack.enter_context(_patched(obj, name, value))
+        yield
+
+
+# --- parallel groups ------------------------------------------------------------------------------
+
+
+def _init_distributed(v: _Modules, vc: Any) -> None:
+    """One single-process gloo group, as vLLM's own CPU tests set up; TP and PP ranks are views.
+    The model runner's scratch workspace (read by DeepSeek-V3.2's indexer) lives on ``meta``."""
+    ps = v.ps
+    if ps.model_parallel_is_initialized():
+        return
+    workspace = _optional("vllm.v1.worker.workspace")
+    if workspace is not None and hasattr(workspace, "init_workspace_manager"):
+        workspace.init_workspace_manager(v.torch.device("meta"))
+    with v.config.set_current_vllm_config(vc):
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"file://{tempfile.mktemp(prefix='kvaudit-dist-')}")
+        ps.initialize_model_parallel(1, 1)
+
+
+@contextlib.contextmanager
+def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int) -> Iterator[None]:
+    """Rank 0 of a TP group of ``tp`` and rank ``pp_rank`` of a PP group of ``pp``, as the model code
+    reads them (``world_size``, ``rank_in_group``, first/last rank); no collective is ever run."""
+    ps = v.ps
+    tp_view = copy.copy(ps._TP)
+    tp_view.world_size, tp_view.rank_in_group, tp_view.ranks = tp, 0, list(range(tp))
+    pp_view = copy.copy(ps._PP)
+    pp_view.world_size, pp_view.rank_in_group, pp_view.ranks, pp_view.rank = pp, pp_rank, list(range(pp)), pp_rank
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(ps, "_TP", tp_view))
+        stack.enter_context(_patched(ps, "_PP", pp_view))
+        if getattr(ps, "_EP", 0) is None:  # made only when the first model built was an MoE
+            stack.enter_context(_patched(ps, "_EP", copy.copy(ps._WORLD)))
+        yield
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+_BUILT: dict[str, BuiltModel] = {}
+
+
+def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
+    """Build the model of ``vc`` on ``meta`` (cached under ``key``); vLLM's refusal is a ConfigError."""
+    if key in _BUILT:
+        return _BUILT[key]
+    v = _modules()
+    pc = vc.parallel_config
+    tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
+    _init_distributed(v, vc)
+    torch = v.torch
+    arch = vc.model_config.architecture
+    try:
+        with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank), v.config.set_current_vllm_config(vc), \
+                torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
+            model = v.loader.initialize_model(vllm_config=vc)
+            _add_draft_model(v, vc)
+    except (ValueError, NotImplementedError, AssertionError, KeyError, TypeError, AttributeError,
+            RuntimeError, ImportError) as e:
+        raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
+                          f"{_first_line(e)}") from None
+    layers = vc.compilation_config.static_forward_context
+    built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(model),
+                       layer_classes={name: type(layer).__name__ for name, layer in layers.items()},
+                       _tp=tp, _pp=pp, _pp_rank=pp_rank)
+    _BUILT[key] = built
+    return built
+
+
+def _add_draft_model(v: _Modules, vc: Any) -> None:
+    """MTP / EAGLE drafters: vLLM builds the draft model into the same forward context (its layers
+    get KV cache too, marked ``is_draft``)."""
+    spec = vc.speculative_config
+    if spec is None or spec.draft_model_config is None:
+        return
+    v.loader.initialize_model(vllm_config=vc, model_config=spec.draft_model_config)
+
+
+def _storage_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers, each storage once (tied weights, views)."""
+    seen: dict[int, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        st = t.untyped_storage()
+        seen[st._cdata] = st.nbytes()
+    return sum(seen.values())
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def cache_key(*parts: Any) -> str:
+    """A stable key for a build: every option that can change a parameter or a layer."""
+    return json.dumps(parts, sort_keys=True, default=str)
