@@ -323,6 +323,9 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
                 cfg = v.planning.get_kv_cache_configs(vc, [specs], [d.kv_budget_bytes], groups)[0]
             else:
                 cfg = v.planning.get_kv_cache_configs(vc, [specs], [d.kv_budget_bytes])[0]
+        except NotImplementedError as e:  # e.g. MLA pages that cannot be padded to this platform's block size
+            raise NotAuditable(f"vLLM {v.version}'s planner cannot plan {d.model.name} under the {rule.name} rule: "
+                               f"{_first_line(e)}") from None
         except ValueError as e:
             per_block = max((g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups), default=0)
             raise ConfigError(

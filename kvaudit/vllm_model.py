@@ -157,8 +157,10 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
                         staticmethod(lambda *_a, **_k: prefill.MLAPrefillBackendEnum.CPU.get_class())))
     supported = lambda *_a, **_k: (True, None)  # noqa: E731
     fa = _optional("vllm.v1.attention.backends.flash_attn")
-    if fa is not None:  # FlashAttention 3 on Hopper has sinks (the name is unbound where its import failed)
+    if fa is not None:  # FlashAttention 3 on Hopper: sinks and fp8 KV cache (unbound where its import failed)
         out.append((fa, "flash_attn_supports_sinks", lambda: True))
+        if hasattr(fa, "flash_attn_supports_kv_cache_dtype"):
+            out.append((fa, "flash_attn_supports_kv_cache_dtype", lambda *_a, **_k: True))
     for mod, name, value in (
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", supported),
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_sparse_supported", supported),
@@ -237,7 +239,8 @@ def _init_distributed(v: _Modules, vc: Any) -> None:
     workspace = _optional("vllm.v1.worker.workspace")
     if workspace is not None and hasattr(workspace, "init_workspace_manager"):
         workspace.init_workspace_manager(v.torch.device("meta"))
-    with v.config.set_current_vllm_config(vc):
+    # vLLM silences gloo's C-level prints by dup2-ing the fd of sys.stdout: give it a real one
+    with v.config.set_current_vllm_config(vc), contextlib.redirect_stdout(sys.__stderr__):
         ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                         distributed_init_method=f"file://{tempfile.mktemp(prefix='kvaudit-dist-')}")
         ps.initialize_model_parallel(1, 1)

@@ -1,0 +1,214 @@
+"""Every preset family, planned from vLLM's own model code: specs against hand arithmetic from the
+public config, and the four built-in strategies on ``meta`` with the ratio each release's rules give.
+
+Why each ratio is what it is (allocated / planned):
+- vllm: 1.00 everywhere; it is vLLM's own allocation of its own plan.
+- a dense, MoE or MLA model has one layer per planned tensor: every release allocates exactly the plan.
+- ascend-0.11 (before vllm-ascend #3760) gives every layer of a shared tensor its own buffer, so its
+  ratio is the mean number of layers per tensor: 4 for Qwen3-Next / Qwen3.5 (3 GDN + 1 attention),
+  2 for gpt-oss (1 sliding + 1 full), 6.2 for Gemma 3 (62 layers in 10 tensors).
+- ascend-0.12 (#3760) shares one buffer among the GDN layers and one K/V pair among the attention
+  layers of a tensor, but not between the two: 2 for GDN hybrids, 1 for attention-only tensors.
+- ascend-0.16 (#6887) allocates each tensor once: 1.00.
+- Mamba / Mamba2 hybrids (Nemotron-H, Granite-4.0-H, Falcon-H1, Jamba) name their state layers
+  ``mixer`` / ``mamba``, not ``linear_attn``; the 0.11 and 0.12 allocators branch on that substring,
+  so those layers get no memory at all: FAIL although the ratio of what was allocated is 1.00.
+- DeepSeek-V3.2's MLA and indexer pages differ, so vLLM 0.29+ interleaves them within blocks; the
+  vllm-ascend allocators (written for ``shared_by`` regions) cannot allocate that plan: not audited.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kvaudit.audit import audit_all
+from kvaudit.deployment import PRESETS, fixtures_dir
+from kvaudit.meters import make_meter
+from kvaudit.plan import build_plan, layer_mix, model_for
+from kvaudit.strategies import STRATEGIES
+from conftest import deployment
+
+RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 everywhere
+    "qwen3-next": (4.0, 2.0, 1.0), "qwen3.5-27b": (4.0, 2.0, 1.0), "qwen3.5-397b-a17b": (4.0, 2.0, 1.0),
+    "gpt-oss-120b": (2.0, 1.0, 1.0), "gemma-3-27b": (6.2, 1.0, 1.0),
+}
+MAMBA_NAMED = {"nemotron-h-8b", "nemotron-h-56b", "granite-4.0-h-small", "falcon-h1-7b", "jamba-mini"}
+INTERLEAVED = {"deepseek-v3.2"}
+
+
+def _config(preset: str) -> dict:
+    cfg = json.loads((fixtures_dir() / PRESETS[preset].config / "config.json").read_text())
+    return cfg.get("text_config", cfg)
+
+
+def _registered(preset: str) -> bool:
+    from kvaudit.plan import load_vllm
+
+    load_vllm()  # declares torchvision's ops first where its extension cannot load
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    arch = json.loads((fixtures_dir() / PRESETS[preset].config / "config.json").read_text())["architectures"][0]
+    return arch in ModelRegistry.get_supported_archs()
+
+
+def _expected_mix(preset: str) -> dict[str, int]:
+    """Layers per kind, from the public config's own fields (what vLLM's model code reads)."""
+    c = _config(preset)
+    n = c["num_hidden_layers"]
+    if preset.startswith(("qwen3-next", "qwen3.5")):
+        full = sum(1 for i in range(n) if (i + 1) % c["full_attention_interval"] == 0)
+        return {"GDN": n - full, "full attention": full}
+    if preset in ("gpt-oss-120b", "gemma-3-27b"):
+        if "layer_types" in c:
+            sliding = c["layer_types"].count("sliding_attention")
+        else:  # Gemma 3: every sliding_window_pattern-th layer is global
+            sliding = sum(1 for i in range(n) if (i + 1) % c.get("sliding_window_pattern", 6))
+        return {"sliding window": sliding, "full attention": n - sliding}
+    if preset.startswith("deepseek-v3.2"):
+        return {"MLA": n, "indexer": n}
+    if c.get("kv_lora_rank"):
+        return {"MLA": n}
+    if preset.startswith("nemotron-h"):
+        pattern = c["hybrid_override_pattern"]
+        return {"Mamba2": pattern.count("M"), "full attention": pattern.count("*")}
+    if preset == "granite-4.0-h-small":
+        return {"Mamba2": c["layer_types"].count("mamba"), "full attention": c["layer_types"].count("attention")}
+    if preset == "falcon-h1-7b":
+        return {"Mamba2": n, "full attention": n}
+    if preset == "jamba-mini":
+        attn = sum(1 for i in range(n) if i % c["attn_layer_period"] == c["attn_layer_offset"])
+        return {"Mamba": n - attn, "full attention": attn}
+    return {"full attention": n}
+
+
+def _attention_page(preset: str, tp: int, block_size: int, dtype_bytes: int = 2) -> int:
+    """One block of one attention layer: K and V, KV heads per rank (replicated when TP exceeds them)."""
+    c = _config(preset)
+    if c.get("kv_lora_rank"):  # MLA: one latent "head" of kv_lora_rank + rope dims, no separate V
+        return block_size * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * dtype_bytes
+    heads = c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    head = c.get("head_dim") or c["hidden_size"] // heads
+    return block_size * 2 * max(1, kv // tp) * head * dtype_bytes
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_family_specs_plan_and_strategies(preset):
+    if not _registered(preset):
+        pytest.skip(f"this vLLM does not serve {preset}'s architecture")
+    p = PRESETS[preset]
+    d = deployment(preset, gpu_memory_utilization=0.9)
+    mix = dict((kind, int(count)) for count, kind in (part.split(" ", 1) for part in layer_mix(d).split(" + ")))
+    assert mix == _expected_mix(preset)
+
+    plan = build_plan(d, "cuda")
+    if preset in INTERLEAVED:  # MLA and indexer pages differ: vLLM plans them as one uniform-type group
+        assert [g.spec_type for g in plan.groups] == ["UniformTypeKVCacheSpecs"]
+    attention = [g for g in plan.groups if g.spec_type in ("FullAttentionSpec", "MLAAttentionSpec")
+                 and not any("indexer" in n for n in g.layer_names)]
+    assert attention or preset in INTERLEAVED, plan.groups
+    g = attention[0] if attention else None
+    if g is not None:
+        assert g.page_size_bytes >= _attention_page(preset, p.tp, g.block_size)  # hybrids pad up to the state page
+        if not any(s == "MambaSpec" for s in plan.layer_specs.values()):
+            assert g.page_size_bytes == _attention_page(preset, p.tp, g.block_size)
+    assert sum(len(x.layer_names) for x in plan.groups) == sum(mix.values())
+    assert plan.num_blocks * sum(x.page_size_bytes for x in plan.groups) // len(plan.groups) > 0
+
+    skipped: list = []
+    results = {r.strategy: r for r in audit_all(d, list(STRATEGIES.values()), make_meter("meta"), skipped=skipped)}
+    assert results["vllm"].ratio == pytest.approx(1.0) and results["vllm"].verdict.value == "PASS"
+    if preset in INTERLEAVED:
+        assert plan.interleaved and {s for s, _ in skipped} == {"ascend-0.11", "ascend-0.12", "ascend-0.16"}
+        return
+    assert not skipped
+    ratios = tuple(round(results[s].ratio, 1) for s in ("ascend-0.11", "ascend-0.12", "ascend-0.16"))
+    assert ratios == RATIOS.get(preset, (1.0, 1.0, 1.0))
+    if preset in MAMBA_NAMED:
+        for s in ("ascend-0.11", "ascend-0.12"):
+            assert results[s].verdict.value == "FAIL"
+            assert "got no memory" in results[s].reasons[0] or "got no memory" in " ".join(results[s].reasons)
+        assert results["ascend-0.16"].verdict.value == "PASS"
+
+
+def test_weights_are_vllms_parameters_per_rank():
+    """Qwen3-Next at TP 4: the parameters and buffers of vLLM's model for rank 0 (about 80B / 4 in bf16)."""
+    d = deployment("qwen3-next")
+    assert 37.1 < d.weights_bytes / 2**30 < 37.3
+    built = model_for(d)
+    assert built.architecture == "Qwen3NextForCausalLM"
+
+
+def test_quantized_checkpoints_are_weighed_as_quantized():
+    """DeepSeek-V3's FP8 checkpoint: about 1 byte per parameter (671B / 8 ranks), not bf16's 2."""
+    fp8 = deployment("deepseek-v3")
+    assert 75 < fp8.weights_bytes / 2**30 < 85
+    bf16 = deployment("deepseek-v3", hf_overrides={"quantization_config": None}, device_memory_bytes=400 * 2**30)
+    assert bf16.weights_bytes > 1.8 * fp8.weights_bytes
+    gpt = deployment("gpt-oss-120b")  # MXFP4 experts: about 4.25 bits per expert weight
+    assert gpt.weights_bytes / 2**30 < 35
+
+
+def test_auto_dtype_follows_vllm_for_float32_configs(tmp_path):
+    cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from kvaudit.plan import make_deployment
+    from kvaudit.spec import load_model_spec
+
+    d = make_deployment(load_model_spec(tmp_path), tp=1, max_model_len=4096, gpu_memory_utilization=0.9)
+    assert d.dtype == "bfloat16"
+    assert build_plan(d, "cuda").groups[0].page_size_bytes == 16 * 2 * 8 * 128 * 2
+
+
+def test_layer_types_sliding_layers_are_planned_as_sliding():
+    d = deployment("gpt-oss-120b")
+    specs = model_for(d).kv_cache_specs()
+    c = _config("gpt-oss-120b")
+    for i, kind in enumerate(c["layer_types"]):
+        spec = specs[f"model.layers.{i}.attn.attn"]
+        assert (type(spec).__name__ == "SlidingWindowSpec") == (kind == "sliding_attention")
+        if kind == "sliding_attention":
+            assert spec.sliding_window == c["sliding_window"]
+
+
+def test_fp8_kv_cache_halves_attention_pages():
+    auto = build_plan(deployment("llama-3.1-8b"), "cuda").groups[0].page_size_bytes
+    fp8 = build_plan(deployment("llama-3.1-8b", kv_cache_dtype="fp8"), "cuda").groups[0].page_size_bytes
+    assert fp8 * 2 == auto == 16 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("tp, heads", [(1, 2), (2, 1), (4, 1), (8, 1)])
+def test_tp_above_kv_heads_replicates_them(tp, heads):
+    specs = model_for(deployment("qwen3-next", tp=tp, kv_cache_memory_bytes=2**32)).kv_cache_specs()
+    assert specs["model.layers.3.self_attn.attn"].num_kv_heads == heads
+
+
+def test_pp_splits_layers_and_budgets_each_stage():
+    one = deployment("llama-3.1-8b")
+    first = deployment("llama-3.1-8b", pp=2, pp_rank=0)
+    last = deployment("llama-3.1-8b", pp=2, pp_rank=1)
+    p0, p1 = build_plan(first, "cuda"), build_plan(last, "cuda")
+    assert sorted(p0.layer_specs) == sorted(f"model.layers.{i}.self_attn.attn" for i in range(16))
+    assert sorted(p1.layer_specs) == sorted(f"model.layers.{i}.self_attn.attn" for i in range(16, 32))
+    # each stage holds half the decoder layers; the embedding sits on the first, the LM head on the last
+    assert first.weights_bytes < one.weights_bytes and last.weights_bytes < one.weights_bytes
+    assert first.kv_budget_bytes != one.kv_budget_bytes
+    assert p0.num_blocks > build_plan(one, "cuda").num_blocks
+
+
+def test_mtp_draft_layer_gets_kv_cache():
+    d = deployment("qwen3-next", num_speculative_tokens=1)
+    plan = build_plan(d, "cuda")
+    assert "mtp.layers.0.self_attn.attn" in plan.layer_specs
+    assert len(plan.layer_specs) == 49
+
+
+def test_block_size_prefix_caching_and_mamba_cache_mode_reach_the_plan():
+    assert build_plan(deployment("llama-3.1-8b", block_size=32), "cuda").block_size == 32
+    plan = build_plan(deployment("nemotron-h-8b", enable_prefix_caching=False), "cuda")
+    mamba = [g for g in plan.groups if g.spec_type == "MambaSpec"]
+    assert mamba and math.prod([1]) == 1
