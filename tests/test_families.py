@@ -37,6 +37,21 @@ RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 ever
 }
 MAMBA_NAMED = {"nemotron-h-8b", "nemotron-h-56b", "granite-4.0-h-small", "falcon-h1-7b", "jamba-mini"}
 INTERLEAVED = {"deepseek-v3.2"}
+PRIMARY_VLLM = "0.33.0"
+"""Family coverage is tested against the vLLM of ``.venv``. Under vLLM 0.23.0 (tested for the
+``shared_by`` plan format) only these families build with kvaudit's stand-ins so far; the others
+stop with a one-line error (FP8 / Mamba2 kernels and the multimodal wrappers differ there)."""
+BUILDS_UNDER_0_23 = {"qwen3-next", "llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b", "mixtral-8x7b",
+                     "glm-4.5", "gpt-oss-120b", "jamba-mini"}
+
+
+def _primary_or(preset: str | None = None) -> None:
+    import importlib.metadata
+
+    version = importlib.metadata.version("vllm")
+    if version != PRIMARY_VLLM and (preset is None or preset not in BUILDS_UNDER_0_23):
+        pytest.skip(f"family coverage is tested against vLLM {PRIMARY_VLLM}; vLLM {version} is tested for the "
+                    "shared_by plan format")
 
 
 def _config(preset: str) -> dict:
@@ -97,6 +112,7 @@ def _attention_page(preset: str, tp: int, block_size: int, dtype_bytes: int = 2)
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_family_specs_plan_and_strategies(preset):
+    _primary_or(preset)
     if not _registered(preset):
         pytest.skip(f"this vLLM does not serve {preset}'s architecture")
     p = PRESETS[preset]
@@ -144,6 +160,7 @@ def test_weights_are_vllms_parameters_per_rank():
 
 def test_quantized_checkpoints_are_weighed_as_quantized():
     """DeepSeek-V3's FP8 checkpoint: about 1 byte per parameter (671B / 8 ranks), not bf16's 2."""
+    _primary_or()
     fp8 = deployment("deepseek-v3")
     assert 75 < fp8.weights_bytes / 2**30 < 85
     bf16 = deployment("deepseek-v3", hf_overrides={"quantization_config": None}, device_memory_bytes=400 * 2**30)
