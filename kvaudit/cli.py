@@ -50,7 +50,7 @@ def _audit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, help="tensor-parallel size (the preset's, else 1)")
     p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
                    help="pipeline-parallel size: each stage is planned and budgeted on its own (default 1)")
-    p.add_argument("--pp-rank", type=int, default=0, help="which pipeline stage to audit (default 0)")
+    p.add_argument("--pp-rank", type=int, help="audit this pipeline stage only (default: every stage)")
     p.add_argument("--max-model-len", type=int,
                    help="the preset's, else vLLM's default for the config (its own length check applies)")
     p.add_argument("--dtype", default="auto", help="auto (vLLM's rule: float32 configs run in 16 bits), bfloat16, "
@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
     tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
                      help="markdown (default) or json")
+    plan = sub.add_parser("plan", help="plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util",
+                          description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and "
+                                      "concurrency as vLLM computes and logs them, Mamba slots against max_num_seqs, the "
+                                      "--kv-cache-memory that reproduces the plan, and per strategy the highest "
+                                      "gpu_memory_utilization that does not run out of device memory.")
+    plan.add_argument("--config", help="a config.json, or a model directory holding one")
+    plan.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
+    _audit_options(plan)
     models = sub.add_parser("models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
                             description="List the presets: title, architecture, layer mix per kind, deployment, config.")
     models.add_argument("names", nargs="*", help="only these presets")
@@ -124,35 +132,90 @@ def build_parser() -> argparse.ArgumentParser:
 def audit_command(a: argparse.Namespace) -> int:
     """Run the audit the options describe, render it, and return the exit code."""
     from kvaudit import audit as core
-    from kvaudit.deployment import get_preset, load_preset_spec
+    from kvaudit.capacity import for_report
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
     from kvaudit.results import Report
-    from kvaudit.spec import load_model_spec
     from kvaudit.strategies import STRATEGIES, resolve_strategy
-    from kvaudit.units import parse_size
 
-    if (a.config is None) == (a.preset is None):
-        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
-    p = get_preset(a.preset) if a.preset else None
-    spec = load_preset_spec(p) if p else load_model_spec(a.config)
+    spec, p = _model(a)
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
 
     meter = select_meter(a.meter, a.device_index)
-    dep = _deployment(a, spec, p)
+    stages = [_deployment(a, spec, p, rank) for rank in _pp_ranks(a)]
     _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
-          f"strategies on the {meter.name} meter")
-    skipped: list[tuple[str, str]] = []
-    audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
-    rep = Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
-                 vllm_version=vllm_version(), skipped=tuple(skipped))
-    _render(rep, Format(a.fmt), Detail(a.detail))
-    return rep.exit_code
+          f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
+    reports = []
+    for dep in stages:
+        skipped: list[tuple[str, str]] = []
+        audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
+        caps, safe = for_report(dep, list(audits), strategies)
+        reports.append(Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
+                              vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
+                              safe_utilization=safe))
+    _render(reports, Format(a.fmt), Detail(a.detail))
+    return max(rep.exit_code for rep in reports)
 
 
-def _deployment(a: argparse.Namespace, spec: Any, p: Any) -> Any:
+def _model(a: argparse.Namespace) -> tuple[Any, Any]:
+    """The model spec and preset the options name."""
+    from kvaudit.deployment import get_preset, load_preset_spec
+    from kvaudit.spec import load_model_spec
+
+    if (a.config is None) == (a.preset is None):
+        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
+    p = get_preset(a.preset) if a.preset else None
+    return (load_preset_spec(p) if p else load_model_spec(a.config)), p
+
+
+def _pp_ranks(a: argparse.Namespace) -> list[int]:
+    """The pipeline stages to plan: the one ``--pp-rank`` names, else every stage."""
+    if a.pp_rank is not None:
+        return [a.pp_rank]
+    return list(range(max(1, a.pp or 1)))
+
+
+def plan_command(a: argparse.Namespace) -> int:
+    """Plan only: capacity as vLLM computes it, and per strategy the highest safe utilization."""
+    from kvaudit import report
+    from kvaudit.capacity import capacity, highest_safe_utilization
+    from kvaudit.errors import NotAuditable
+    from kvaudit.plan import build_plan, vllm_version
+    from kvaudit.strategies import STRATEGIES, resolve_strategy
+
+    spec, p = _model(a)
+    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    stages = []
+    for rank in _pp_ranks(a):
+        dep = _deployment(a, spec, p, rank)
+        plans: dict[str, Any] = {}
+        safe: dict[str, float | None] = {}
+        refused: dict[str, str] = {}
+        for s in strategies:
+            try:
+                if s.platform not in plans:
+                    plans[s.platform] = build_plan(dep, s.platform)
+                if dep.kv_cache_memory_bytes is None and dep.num_blocks_override is None:
+                    safe[s.name] = highest_safe_utilization(dep, s.platform, s)
+            except NotAuditable as e:
+                refused[s.name] = e.message
+        stages.append(report.PlanStage(deployment=dep, plans=plans, capacity={k: capacity(v) for k, v in plans.items()},
+                                       strategies={s.name: s.platform for s in strategies}, safe_utilization=safe,
+                                       refused=refused))
+    if Format(a.fmt) is Format.json:
+        sys.stdout.write(report.plan_to_json(stages, vllm_version()) + "\n")
+    else:
+        console = _console()
+        for renderable in report.render_plan(stages, vllm_version()):
+            console.print(renderable)
+            console.print()
+    sys.stdout.flush()
+    return 0
+
+
+def _deployment(a: argparse.Namespace, spec: Any, p: Any, pp_rank: int = 0) -> Any:
     """The deployment the options describe, resolved by vLLM (``kvaudit.plan.make_deployment``)."""
     import json
 
@@ -178,7 +241,7 @@ def _deployment(a: argparse.Namespace, spec: Any, p: Any) -> Any:
         weights_bytes=size(a.weights, "--weights"),
         overhead_bytes=parse_size(a.overhead, "--overhead", allow_zero=True),
         kv_cache_memory_bytes=size(a.kv_cache_memory, "--kv-cache-memory"),
-        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks, pp=a.pp, pp_rank=a.pp_rank,
+        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks, pp=a.pp, pp_rank=pp_rank,
         kv_cache_dtype=a.kv_cache_dtype, quantization=a.quantization, block_size=a.block_size,
         enable_prefix_caching=a.enable_prefix_caching, mamba_cache_mode=a.mamba_cache_mode,
         max_num_seqs=a.max_num_seqs, num_speculative_tokens=a.num_speculative_tokens, hf_overrides=overrides)
@@ -227,28 +290,35 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _render(rep: Any, fmt: Format, detail: Detail) -> None:
+def _console() -> Any:
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
+    """One report per pipeline stage: the JSON report (``{"stages": [...]}`` for several), or the tables."""
     from kvaudit import report
 
     if fmt is Format.json:
-        sys.stdout.write(report.to_json(rep) + "\n")
+        sys.stdout.write((report.to_json(reports[0]) if len(reports) == 1 else report.stages_to_json(reports)) + "\n")
     else:
-        from rich.console import Console
-
-        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH
-        console = Console(highlight=False, soft_wrap=False, width=width)
-        for renderable in report.render_tables(rep, detail.value):
-            console.print(renderable)
-            console.print()
+        console = _console()
+        for rep in reports:
+            for renderable in report.render_tables(rep, detail.value):
+                console.print(renderable)
+                console.print()
     sys.stdout.flush()
-    _note(report.summary_line(rep))
+    for rep in reports:
+        _note(report.summary_line(rep))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    commands = {"audit", "meters", "models", "triage", *PRESETS}
+    commands = {"audit", "meters", "models", "plan", "triage", *PRESETS}
     try:
         if not argv:
             parser.print_help(sys.stderr)
@@ -256,11 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         first = argv[0]
         if not first.startswith("-") and first not in commands:
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: audit, models, triage, meters)")
+                             f"commands: audit, plan, models, triage, meters)")
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
-        run = {"meters": meters_command, "models": models_command, "triage": triage_command}.get(
+        run = {"meters": meters_command, "models": models_command, "plan": plan_command,
+               "triage": triage_command}.get(
             args.command, audit_command)
         return run(args)
     except KvauditError as e:

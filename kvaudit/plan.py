@@ -82,13 +82,11 @@ class _Vllm:
                 self.planning = importlib.import_module("vllm.v1.core.kv_cache_planning")
             except ImportError:  # vLLM <= 0.32
                 self.planning = importlib.import_module("vllm.v1.core.kv_cache_utils")
-            self.mamba_utils = importlib.import_module("vllm.model_executor.layers.mamba.mamba_utils")
+            self.kv_cache_utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
             self.flash_attn = importlib.import_module("vllm.v1.attention.backends.flash_attn")
             self.backend_utils = importlib.import_module("vllm.v1.attention.backends.utils")
             self.platform_iface = importlib.import_module("vllm.platforms.interface")
             self.worker_utils = importlib.import_module("vllm.v1.worker.utils")
-            self.gdn = importlib.import_module("vllm.v1.attention.backends.gdn_attn")
-            self.registry = importlib.import_module("vllm.v1.attention.backends.registry")
         self.version = vllm_version() or "unknown"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvaudit import __version__
@@ -44,8 +45,78 @@ def to_dict(rep: Report) -> dict[str, Any]:
         "plan": rep.audits[0].plan.to_dict() if rep.audits else None,
         "audits": [r.to_dict() for r in rep.audits],
         "skipped": [{"strategy": name, "reason": reason} for name, reason in rep.skipped],
+        "capacity": {platform: c.to_dict() for platform, c in rep.capacity.items()},
+        "highest_safe_utilization": dict(rep.safe_utilization),
         "exit_code": rep.exit_code,
     }
+
+
+def stages_to_json(reports: list[Report]) -> str:
+    """The JSON of a multi-stage (pipeline-parallel) audit: one report per stage."""
+    return json.dumps({"schema_version": SCHEMA_VERSION, "kvaudit_version": __version__,
+                       "stages": [to_dict(r) for r in reports],
+                       "exit_code": max(r.exit_code for r in reports)}, indent=2)
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    """``kvaudit plan`` for one pipeline stage: its plans (one per platform rule), their capacity,
+    and per strategy the highest safe utilization."""
+
+    deployment: Deployment
+    plans: dict[str, KVPlan]
+    capacity: dict[str, Any]
+    strategies: dict[str, str]
+    """Strategy -> the platform rule its plan uses."""
+    safe_utilization: dict[str, float | None]
+    refused: dict[str, str]
+    """Strategy -> why vLLM cannot plan it (not audited)."""
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"deployment": self.deployment.to_dict(),
+                "plans": [{**plan.to_dict(), "capacity": self.capacity[name].to_dict(),
+                           "strategies": [s for s, pl in self.strategies.items() if pl == name]}
+                          for name, plan in self.plans.items()],
+                "highest_safe_utilization": dict(self.safe_utilization), "not_planned": dict(self.refused)}
+
+
+def plan_to_json(stages: list[PlanStage], vllm_version: str | None) -> str:
+    """The JSON of ``kvaudit plan``."""
+    return json.dumps({"schema_version": SCHEMA_VERSION, "kvaudit_version": __version__, "vllm_version": vllm_version,
+                       "stages": [s.to_dict() for s in stages]}, indent=2)
+
+
+def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
+    """``kvaudit plan`` as tables: per stage, the deployment line, the plans with their capacity, safe utilization."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = [Text.from_markup(f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · "
+                                       "nothing allocated")]
+    for st in stages:
+        d = st.deployment
+        stage = f" · PP stage {d.pp_rank} of {d.pp}" if d.pp > 1 else ""
+        out.append(Text.from_markup(
+            f"[bold]{d.model.name}[/] ({d.architecture}) · TP {d.tp}{stage} · {d.dtype} · kv-cache-dtype "
+            f"{d.kv_cache_dtype} · max-model-len {d.max_model_len:,}\nweights {fmt_bytes(d.weights_bytes)} + other "
+            f"{fmt_bytes(d.overhead_bytes)} on {fmt_bytes(d.device_memory_bytes)} at {d.gpu_memory_utilization} → "
+            f"KV budget [bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B)"))
+        pt = Table(title="Plans", title_justify="left")
+        for col in ("platform rule", "strategies", "block size", "num_blocks", "planned bytes"):
+            pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
+        names = {name: [s for s, pl in st.strategies.items() if pl == name] for name in st.plans}
+        for name, plan in st.plans.items():
+            pt.add_row(name, ", ".join(names[name]), str(plan.block_size), f"{plan.num_blocks:,}",
+                       f"{fmt_bytes(plan.planned_bytes)}")
+        out.append(pt)
+        out.append(capacity_table(st.capacity, list(names.items())))
+        if st.safe_utilization:
+            out.append(Text.from_markup("highest gpu_memory_utilization that does not run out of device memory: " + ", ".join(
+                f"[bold]{s}[/] {'none' if u is None else f'{u:.3f}'}" for s, u in st.safe_utilization.items())))
+        for s, why in st.refused.items():
+            out.append(Text.from_markup(f"[bold]{s}[/]: not planned: {why}"))
+    return out
 
 
 def to_json(rep: Report) -> str:
@@ -192,9 +263,11 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         pt.add_row(plan.platform, ", ".join(names), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
                    f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
     out.append(pt)
+    if rep.capacity:
+        out.append(capacity_table(rep.capacity, [(plan.platform, names) for plan, names in plans]))
 
     if detail == "summary":
-        out.append(_summary_table(results, meter))
+        out.append(_summary_table(results, meter, rep.safe_utilization))
         out.extend(_notes(results, d, rep.skipped))
         return out
     gt = Table(title="KV-cache groups (the same in every plan)", title_justify="left")
@@ -216,9 +289,31 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
 
     for r in results:
         out.extend(_strategy_detail(r, detail))
-    out.append(_summary_table(results, meter))
+    out.append(_summary_table(results, meter, rep.safe_utilization))
     out.extend(_notes(results, d, rep.skipped))
     return out
+
+
+def capacity_table(capacity: dict[str, Any], plans: list[tuple[str, Any]]) -> Any:
+    """Per platform rule: what vLLM would log for the plan, the pool, Mamba slots, --kv-cache-memory."""
+    from rich.table import Table
+
+    t = Table(title="Capacity of each plan, as vLLM computes and logs it (get_kv_cache_capacity)", title_justify="left",
+              caption="KV cache tokens = max concurrency × max-model-len (vLLM's 'GPU KV cache size'); the pool is "
+                      "num_blocks × block size: for hybrid models a request takes blocks from every group, so the "
+                      "two differ. Mamba slots: one block per decoding sequence (vLLM refuses max_num_seqs above "
+                      "it with full decode CUDA graphs).", caption_justify="left")
+    for col in ("platform rule", "KV cache tokens", "concurrency", "pool tokens", "Mamba slots", "--kv-cache-memory"):
+        t.add_column(col, justify="left" if col == "platform rule" else "right", no_wrap=True)
+    for platform, names in plans:
+        c = capacity.get(platform)
+        if c is None:
+            continue
+        slots = "—" if c.mamba_slots is None else (f"{c.mamba_slots:,} for {c.max_num_seqs} seqs"
+                                                    + (" [bold]SHORT[/]" if c.mamba_slots_short else ""))
+        t.add_row(platform, f"{c.tokens:,}", f"{c.max_concurrency:.2f}× @ {c.max_model_len:,}",
+                  f"{c.pool_tokens:,}", slots, str(c.kv_cache_memory_bytes))
+    return t
 
 
 def _notes(results: list[AuditResult], d: Deployment, skipped: tuple[tuple[str, str], ...] = ()) -> list[Any]:
@@ -274,21 +369,27 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
     return out
 
 
-def _summary_table(results: list[AuditResult], meter: str) -> Any:
+def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] | None = None) -> Any:
     from rich.table import Table
 
     asked = results[0].requested_utilization if results else 0
     t = Table(title=f"Audit per strategy (projected device utilization vs the {asked} asked) · meter "
                     f"{meter_label(meter)}", title_justify="left")
-    for col in ("strategy", "release", "expected", "allocated", "ratio", "util", "OOM (deployment)", "verdict"):
-        t.add_column(col, justify="right" if col in ("expected", "allocated", "ratio", "util") else "left",
+    cols = ["strategy", "release", "expected", "allocated", "ratio", "util", "OOM (deployment)"]
+    cols += ["max util"] if safe else []
+    for col in cols + ["verdict"]:
+        t.add_column(col, justify="right" if col in ("expected", "allocated", "ratio", "util", "max util") else "left",
                      no_wrap=True)
     for r in results:
         o = r.device_oom
         allocated = f"OOM at {o.allocation}/{o.allocations}" if o else fmt_bytes(r.allocated_bytes)
         ratio = "—" if o else _ratio(r.allocated_bytes, r.expected_bytes)
-        t.add_row(r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes), allocated, ratio,
-                  f"{r.projected_utilization:.3f}", _oom_text(r.oom, r.allocations), _verdict(r.verdict))
+        cells = [r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes), allocated, ratio,
+                 f"{r.projected_utilization:.3f}", _oom_text(r.oom, r.allocations)]
+        if safe:
+            u = safe.get(r.strategy)
+            cells.append("none" if u is None and r.strategy in safe else "—" if u is None else f"{u:.3f}")
+        t.add_row(*cells, _verdict(r.verdict))
     return t
 
 

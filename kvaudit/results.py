@@ -353,6 +353,10 @@ class Report:
     vllm_version: str | None
     skipped: tuple[tuple[str, str], ...] = ()
     """(strategy, reason) for each strategy that cannot allocate this plan at all."""
+    capacity: dict = field(default_factory=dict)
+    """Platform rule -> ``kvaudit.capacity.Capacity`` of that rule's plan."""
+    safe_utilization: dict = field(default_factory=dict)
+    """Strategy -> the highest ``gpu_memory_utilization`` at which its allocation fits the device."""
 
     @property
     def exit_code(self) -> int:
