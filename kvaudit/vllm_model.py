@@ -127,6 +127,12 @@ def _hopper_attention_backend(v: _Modules) -> Callable[..., str]:
     return pick
 
 
+def _hopper(v: _Modules) -> Any:
+    from vllm.platforms.interface import DeviceCapability
+
+    return DeviceCapability(major=9, minor=0)
+
+
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     missing = object()
@@ -150,6 +156,7 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
             (platform_cls, "get_attn_backend_cls", staticmethod(_hopper_attention_backend(v))),
             (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
             (platform_cls, "device_type", "meta"),
+            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _hopper(v))),
         ]
         prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
         if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
@@ -181,8 +188,17 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
         triton = mx_oracle.Mxfp4MoeBackend.TRITON
         out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (triton, None)))
     kernels = _optional("vllm.model_executor.kernels.linear")
+    if kernels is not None:  # the linear-kernel tables: what they list for CUDA
+        from vllm.platforms.interface import PlatformEnum
+
+        for name, table in vars(kernels).items():
+            if name.startswith("_POSSIBLE_") and isinstance(table, dict) and PlatformEnum.CUDA in table:
+                out.append((kernels, name, {**table, PlatformEnum.UNSPECIFIED: table[PlatformEnum.CUDA]}))
     if kernels is not None and hasattr(kernels, "choose_scaled_mm_linear_kernel"):
         out.append((kernels, "choose_scaled_mm_linear_kernel", _cuda_kernel_choice(kernels.choose_scaled_mm_linear_kernel)))
+    if kernels is not None and hasattr(kernels, "choose_mp_linear_kernel") and hasattr(kernels, "_POSSIBLE_KERNELS"):
+        out.append((kernels, "choose_mp_linear_kernel", _cuda_mp_kernel_choice(kernels.choose_mp_linear_kernel,
+                                                                              kernels._POSSIBLE_KERNELS)))
     out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
     if not torch.accelerator.is_available():  # the runner's workspace empties the device cache as it grows
         out.append((torch.accelerator, "empty_cache", lambda: None))
@@ -197,7 +213,25 @@ def _cuda_kernel_choice(choose: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError:
             from vllm.platforms.interface import PlatformEnum
 
-            return possible_kernels[PlatformEnum.CUDA][0]
+            return _supported_here(possible_kernels[PlatformEnum.CUDA][0])
+    return pick
+
+
+def _supported_here(kernel: type) -> type:
+    """The CUDA kernel class, reporting itself supported (its constructor asserts that) on this host."""
+    return type(kernel.__name__, (kernel,), {"is_supported": classmethod(lambda cls, *_a, **_k: (True, None))})
+
+
+def _cuda_mp_kernel_choice(choose: Callable[..., Any], table: dict) -> Callable[..., Any]:
+    """Mixed-precision (GPTQ/AWQ-style) kernel choice: the platform's answer, else the first kernel CUDA
+    lists (these kernels repack weights after loading; the parameters are created by the quant method)."""
+    def pick(config: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return choose(config, *args, **kwargs)
+        except ValueError:
+            from vllm.platforms.interface import PlatformEnum
+
+            return table[PlatformEnum.CUDA][0]
     return pick
 
 

@@ -169,6 +169,34 @@ def test_quantized_checkpoints_are_weighed_as_quantized():
     assert gpt.weights_bytes / 2**30 < 35
 
 
+# quantization_config blocks in the format of public 4-bit AWQ / GPTQ and W8A8 (compressed-tensors) checkpoints
+AWQ = {"bits": 4, "group_size": 128, "modules_to_not_convert": None, "quant_method": "awq", "version": "gemm",
+       "zero_point": True}
+GPTQ = {"bits": 4, "damp_percent": 0.01, "desc_act": False, "group_size": 128, "quant_method": "gptq",
+        "static_groups": False, "sym": True, "true_sequential": True}
+W8A8 = {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"],
+                                      "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                                                  "dynamic": False},
+                                      "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                            "strategy": "token", "dynamic": True}}}}
+
+
+@pytest.mark.parametrize("quant, bits", [(AWQ, 4), (GPTQ, 4), (W8A8, 8)])
+def test_4_and_8_bit_checkpoints_are_weighed_as_such(quant, bits):
+    """Qwen3-8B: the decoder's linear weights at ``bits`` (+ scales), embeddings and LM head in bf16."""
+    _primary_or()
+    c = _config("qwen3-8b")
+    h, n, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    linear = n * (h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * inter)
+    embeddings = 2 * vocab * h * 2  # untied embedding + LM head, bf16
+    expected = embeddings + linear * bits // 8
+    d = deployment("qwen3-8b", hf_overrides={"quantization_config": quant})
+    assert expected <= d.weights_bytes <= expected * 1.05  # scales, zero points, norms, rotary cache
+    assert d.weights_bytes < 0.6 * deployment("qwen3-8b").weights_bytes
+
+
 def test_auto_dtype_follows_vllm_for_float32_configs(tmp_path):
     cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
     cfg["torch_dtype"] = "float32"
@@ -190,6 +218,24 @@ def test_layer_types_sliding_layers_are_planned_as_sliding():
         assert (type(spec).__name__ == "SlidingWindowSpec") == (kind == "sliding_attention")
         if kind == "sliding_attention":
             assert spec.sliding_window == c["sliding_window"]
+
+
+def test_max_model_len_follows_vllms_own_length_check(tmp_path):
+    """RoPE scaling that vLLM multiplies into the derived length (here linear, factor 4 over Qwen3-8B's
+    40960) lets --max-model-len exceed max_position_embeddings, exactly as far as vLLM allows. (For YaRN,
+    vLLM 0.33 expects max_position_embeddings already scaled, as transformers does.)"""
+    from kvaudit.errors import ConfigError
+    from kvaudit.plan import make_deployment
+    from kvaudit.spec import load_model_spec
+
+    cfg = json.loads((fixtures_dir() / "qwen3-8b" / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model_spec(tmp_path)
+    d = make_deployment(spec, tp=1, max_model_len=4 * 40960, gpu_memory_utilization=0.9)
+    assert d.max_model_len == 163840
+    with pytest.raises(ConfigError, match="greater than the derived max_model_len"):
+        make_deployment(spec, tp=1, max_model_len=4 * 40960 + 1, gpu_memory_utilization=0.9)
 
 
 def test_fp8_kv_cache_halves_attention_pages():
