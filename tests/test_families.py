@@ -25,6 +25,7 @@ import math
 import pytest
 
 from kvaudit.audit import audit_all
+from kvaudit.cli import main as main_cli
 from kvaudit.deployment import PRESETS, fixtures_dir
 from kvaudit.meters import make_meter
 from kvaudit.plan import build_plan, layer_mix, model_for
@@ -275,3 +276,32 @@ def test_block_size_prefix_caching_and_mamba_cache_mode_reach_the_plan():
     plan = build_plan(deployment("nemotron-h-8b", enable_prefix_caching=False), "cuda")
     mamba = [g for g in plan.groups if g.spec_type == "MambaSpec"]
     assert mamba and math.prod([1]) == 1
+
+
+@pytest.mark.parametrize("preset", ["qwen3-next", "qwen3.5-27b", "nemotron-h-8b", "granite-4.0-h-small",
+                                    "falcon-h1-7b", "jamba-mini"])
+def test_built_state_specs_match_the_model_class_helpers(preset):
+    """Cross-check of two vLLM paths: the state specs the built layers report equal what the model
+    class's own ``get_mamba_state_shape_from_config`` / ``get_mamba_state_dtype_from_config`` give
+    (the lighter path, with no model built)."""
+    _primary_or(preset)
+    built = model_for(deployment(preset))
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    vc = built.vllm_config
+    cls, _ = ModelRegistry.resolve_model_cls(vc.model_config.architectures, vc.model_config)
+    shapes = tuple(tuple(s) for s in cls.get_mamba_state_shape_from_config(vc))
+    dtypes = tuple(cls.get_mamba_state_dtype_from_config(vc))
+    states = {(tuple(tuple(x) for x in s.shapes), tuple(s.dtypes)) for s in built.kv_cache_specs().values()
+              if type(s).__name__ == "MambaSpec"}
+    assert states == {(shapes, dtypes)}
+
+
+def test_not_audited_strategies_are_named_and_exit_3(capsys):
+    code = main_cli(["deepseek-v3.2", "--meter", "meta", "--detail", "summary"])
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
+    assert code == 3
+    assert all(f"{s}: not audited:" in out for s in ("ascend-0.11", "ascend-0.12", "ascend-0.16")), out
+    last = captured.err.strip().splitlines()[-1]
+    assert "NOT MEASURED" in last and "3 not audited" in last
