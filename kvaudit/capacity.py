@@ -90,20 +90,21 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
             return True
         return du.non_kv_bytes + dry_run(plan, strategy, d.kv_transfer).total_bytes <= d.device_memory_bytes
 
-    lo, hi = 0, int(round(1 / step))  # in steps; fits(lo·step) holds trivially below the non-KV memory
-    if fits(hi * step):
+    if fits(1.0):
         return 1.0
-    first = max(1, math.ceil(d.non_kv_bytes / d.device_memory_bytes / step))
-    if not fits(first * step):
+    # Start where a constant ratio r of allocated to planned bytes would put the edge:
+    # non-KV + r·(u·M − non-KV) = M, then walk the grid to the exact edge (each step planned by vLLM).
+    m, nk = d.device_memory_bytes, d.non_kv_bytes
+    plan = build_plan(dataclasses.replace(d, kv_cache_memory_bytes=None), platform)
+    ratio = max(1.0, dry_run(plan, strategy, d.kv_transfer).total_bytes / max(1, plan.planned_bytes))
+    k = min(int(round(1 / step)) - 1, max(1, math.floor((m + (ratio - 1) * nk) / (ratio * m) / step)))
+    while k > 0 and not fits(k * step):
+        k -= 1
+    if k == 0:
         return None
-    lo = first
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid * step):
-            lo = mid
-        else:
-            hi = mid
-    return round(lo * step, 6)
+    while fits((k + 1) * step):
+        k += 1
+    return round(k * step, 6)
 
 
 def for_report(d: Deployment, results: list[Any], strategies: list[Any]) -> tuple[dict[str, Capacity], dict[str, float | None]]:

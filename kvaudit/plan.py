@@ -120,8 +120,6 @@ def _mamba_specs(specs: dict[str, Any]) -> list[Any]:
 
 def _attn_page_1_token(base: dict[str, Any]) -> int:
     """Bytes per token of the first attention layer (K and V), as its spec computes them."""
-    import dataclasses
-
     attn = _attention_specs(base)
     if not attn:
         raise ConfigError("the model has no attention layer to align the hybrid block size to")
@@ -129,8 +127,6 @@ def _attn_page_1_token(base: dict[str, Any]) -> int:
 
 
 def _mamba_page(base: dict[str, Any]) -> int:
-    import dataclasses
-
     return max(dataclasses.replace(s, page_size_padded=None).page_size_bytes for s in _mamba_specs(base))
 
 
@@ -214,6 +210,13 @@ def _model_dir(config_path: Path) -> Path:
     return _MODEL_DIRS[config_path]
 
 
+def remove_temp_dirs() -> None:
+    """Remove the model directories made for config files (also done at exit)."""
+    for tmp in _MODEL_DIRS.values():
+        shutil.rmtree(tmp, ignore_errors=True)
+    _MODEL_DIRS.clear()
+
+
 def _build_key(d: Deployment) -> str:
     from kvaudit.vllm_model import cache_key
 
@@ -267,11 +270,12 @@ def model_for(d: Deployment) -> Any:
     from kvaudit import vllm_model
 
     key = _build_key(d)
-    if key not in vllm_model._BUILT:
+    built = vllm_model.built_model(key)
+    if built is None:
         vc = engine_config(d)
         with quiet_vllm():
-            return vllm_model.build_model(vc, key, d.pp_rank)
-    return vllm_model._BUILT[key]
+            built = vllm_model.build_model(vc, key, d.pp_rank)
+    return built
 
 
 def _config_for_plan(vc: Any, d: Deployment) -> Any:
@@ -284,8 +288,6 @@ def _config_for_plan(vc: Any, d: Deployment) -> Any:
 
 def _layer_specs(v: _Vllm, built: Any, vc: Any, d: Deployment, rule: PlatformRule) -> dict[str, Any]:
     """One ``KVCacheSpec`` per layer, from vLLM's own layers, after the platform rule set the cache config."""
-    import dataclasses
-
     if d.block_size is not None:
         vc.cache_config.block_size = d.block_size
     base = built.kv_cache_specs(vc)
@@ -476,7 +478,7 @@ def make_deployment(
     d = dataclasses.replace(d, **resolved)
     from kvaudit import vllm_model
 
-    vllm_model._BUILT.setdefault(_build_key(d), built)  # the same build, under the resolved options
+    vllm_model.remember(_build_key(d), built)  # the same build, under the options as vLLM resolved them
     if d.kv_budget_bytes <= 0:
         need = d.non_kv_bytes / d.device_memory_bytes
         raise ConfigError(

@@ -7,9 +7,10 @@ classes (full, sliding-window, MLA, sparse indexer, Mamba / GDN state), heads pe
 weight bytes per rank (quantized layers included) are therefore vLLM's own.
 
 Building on a host with no accelerator needs stand-ins for the few places where vLLM asks the
-platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (FlashAttention
-with sinks, FlashMLA, Triton MoE); none of them changes a parameter shape or a KV-cache spec. They
-are applied only while a model is built or asked for its specs, and undone afterwards.
+platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (compute
+capability 9.0; FlashAttention 3 with sinks and fp8 KV cache, FlashMLA, Triton MoE, the linear-kernel
+tables CUDA lists); none of them changes a parameter shape or a KV-cache spec. They are applied only
+while a model is built or asked for its specs, and undone afterwards.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ class BuiltModel:
     architecture: str
     weights_bytes: int
     """Bytes of every parameter and buffer on this rank (each storage once)."""
-    layer_classes: dict[str, str]
-    """Layer name -> class name of each layer that holds KV cache (``Attention``, ``MLAAttention``, ...)."""
     _tp: int = 1
     _pp: int = 1
     _pp_rank: int = 0
@@ -82,27 +81,46 @@ def declare_torchvision_ops() -> None:
 
     vLLM's multimodal model files (Qwen3.5, Gemma 3) import transformers' image processors, which
     import torchvision. torchvision registers fake kernels for ``torchvision::nms`` and ``::qnms``
-    at import, and that fails when its extension did not define them. Declaring the two schemas
-    first (only when torchvision's own extension did not) lets its Python part import; the ops stay
-    unimplemented and nothing kvaudit runs calls them.
+    at import, and that fails when its extension did not define them. On the first import of
+    torchvision (a meta-path hook, so models that never import it pay nothing), kvaudit loads the
+    extension itself; only when that fails does it declare the two schemas, which lets torchvision's
+    Python part import. The ops stay unimplemented; nothing kvaudit runs calls them.
     """
-    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+    if "torchvision" in sys.modules or any(isinstance(f, _TorchvisionHook) for f in sys.meta_path):
         return
-    try:
-        importlib.import_module("torchvision")
-        return
-    except RuntimeError as e:
-        if "torchvision::nms" not in str(e):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    import torch
+    sys.meta_path.insert(0, _TorchvisionHook())
 
-    global _TORCHVISION_LIB
-    _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
-    for op in ("nms", "qnms"):
-        _TORCHVISION_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    importlib.import_module("torchvision")
+
+class _TorchvisionHook:
+    """A meta-path finder that acts once, on the first ``import torchvision``, and finds nothing itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name != "torchvision":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        import glob
+        import os
+
+        import torch
+
+        libs = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so"))
+        try:
+            for lib in libs:
+                torch.ops.load_library(lib)
+            if libs:
+                return None
+        except (OSError, RuntimeError):
+            pass
+        global _TORCHVISION_LIB
+        _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
+        for op in ("nms", "qnms"):
+            _TORCHVISION_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        return None
 
 
 _TORCHVISION_LIB: Any = None
@@ -303,6 +321,16 @@ def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int) -> Iterator[None
 _BUILT: dict[str, BuiltModel] = {}
 
 
+def built_model(key: str) -> BuiltModel | None:
+    """The model built under ``key`` in this process, if any."""
+    return _BUILT.get(key)
+
+
+def remember(key: str, built: BuiltModel) -> None:
+    """File a build under another key too (the same options, as vLLM resolved them)."""
+    _BUILT.setdefault(key, built)
+
+
 def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
     """Build the model of ``vc`` on ``meta`` (cached under ``key``); vLLM's refusal is a ConfigError."""
     if key in _BUILT:
@@ -316,35 +344,35 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
     try:
         with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank), v.config.set_current_vllm_config(vc), \
                 torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
-            model = v.loader.initialize_model(vllm_config=vc)
-            _add_draft_model(v, vc)
+            models = [v.loader.initialize_model(vllm_config=vc)]
+            models += _draft_model(v, vc)
     except (ValueError, NotImplementedError, AssertionError, KeyError, TypeError, AttributeError,
             RuntimeError, ImportError) as e:
         raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
                           f"{_first_line(e)}") from None
-    layers = vc.compilation_config.static_forward_context
-    built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(model),
-                       layer_classes={name: type(layer).__name__ for name, layer in layers.items()},
+    built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),
                        _tp=tp, _pp=pp, _pp_rank=pp_rank)
     _BUILT[key] = built
     return built
 
 
-def _add_draft_model(v: _Modules, vc: Any) -> None:
+def _draft_model(v: _Modules, vc: Any) -> list[Any]:
     """MTP / EAGLE drafters: vLLM builds the draft model into the same forward context (its layers
-    get KV cache too, marked ``is_draft``)."""
+    get KV cache too, marked ``is_draft``). Its weights count as built: the embedding and LM head
+    that vLLM's proposer shares with the target after loading are counted twice."""
     spec = vc.speculative_config
     if spec is None or spec.draft_model_config is None:
-        return
-    v.loader.initialize_model(vllm_config=vc, model_config=spec.draft_model_config)
+        return []
+    return [v.loader.initialize_model(vllm_config=vc, model_config=spec.draft_model_config)]
 
 
-def _storage_bytes(model: Any) -> int:
-    """Bytes of the model's parameters and buffers, each storage once (tied weights, views)."""
+def _storage_bytes(models: list[Any]) -> int:
+    """Bytes of the models' parameters and buffers, each storage once (tied weights, views)."""
     seen: dict[int, int] = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        st = t.untyped_storage()
-        seen[st._cdata] = st.nbytes()
+    for model in models:
+        for t in list(model.parameters()) + list(model.buffers()):
+            st = t.untyped_storage()
+            seen[st._cdata] = st.nbytes()
     return sum(seen.values())
 
 

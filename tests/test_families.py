@@ -269,6 +269,7 @@ def test_mtp_draft_layer_gets_kv_cache():
     plan = build_plan(d, "cuda")
     assert "mtp.layers.0.self_attn.attn" in plan.layer_specs
     assert len(plan.layer_specs) == 49
+    assert d.weights_bytes > deployment("qwen3-next").weights_bytes  # the draft model's weights count
 
 
 def test_block_size_prefix_caching_and_mamba_cache_mode_reach_the_plan():
