@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.deployment import Deployment
-from kvaudit.results import KVPlan
+from kvaudit.results import KVPlan, PlanStage
 
 
 @dataclass(frozen=True)
@@ -114,3 +114,24 @@ def for_report(d: Deployment, results: list[Any], strategies: list[Any]) -> tupl
     safe = {r.strategy: highest_safe_utilization(d, r.plan.platform, by_name[r.strategy]) for r in results
             if d.kv_cache_memory_bytes is None and d.num_blocks_override is None}
     return caps, safe
+
+
+def plan_stage(d: Deployment, strategies: list[Any]) -> PlanStage:
+    """``kvaudit plan`` for one deployment rank: vLLM's plan per platform rule, its capacity, and per
+    strategy the highest safe utilization; a strategy vLLM cannot plan is listed with the reason."""
+    from kvaudit.errors import NotAuditable
+    from kvaudit.plan import build_plan
+
+    plans: dict[str, KVPlan] = {}
+    safe: dict[str, float | None] = {}
+    refused: dict[str, str] = {}
+    for s in strategies:
+        try:
+            if s.platform not in plans:
+                plans[s.platform] = build_plan(d, s.platform)
+            if d.kv_cache_memory_bytes is None and d.num_blocks_override is None:
+                safe[s.name] = highest_safe_utilization(d, s.platform, s)
+        except NotAuditable as e:
+            refused[s.name] = e.message
+    return PlanStage(deployment=d, plans=plans, capacity={k: capacity(v) for k, v in plans.items()},
+                     strategies={s.name: s.platform for s in strategies}, safe_utilization=safe, refused=refused)

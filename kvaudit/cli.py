@@ -180,30 +180,13 @@ def _pp_ranks(a: argparse.Namespace) -> list[int]:
 def plan_command(a: argparse.Namespace) -> int:
     """Plan only: capacity as vLLM computes it, and per strategy the highest safe utilization."""
     from kvaudit import report
-    from kvaudit.capacity import capacity, highest_safe_utilization
-    from kvaudit.errors import NotAuditable
-    from kvaudit.plan import build_plan, vllm_version
+    from kvaudit.capacity import plan_stage
+    from kvaudit.plan import vllm_version
     from kvaudit.strategies import STRATEGIES, resolve_strategy
 
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
-    stages = []
-    for rank in _pp_ranks(a):
-        dep = _deployment(a, spec, p, rank)
-        plans: dict[str, Any] = {}
-        safe: dict[str, float | None] = {}
-        refused: dict[str, str] = {}
-        for s in strategies:
-            try:
-                if s.platform not in plans:
-                    plans[s.platform] = build_plan(dep, s.platform)
-                if dep.kv_cache_memory_bytes is None and dep.num_blocks_override is None:
-                    safe[s.name] = highest_safe_utilization(dep, s.platform, s)
-            except NotAuditable as e:
-                refused[s.name] = e.message
-        stages.append(report.PlanStage(deployment=dep, plans=plans, capacity={k: capacity(v) for k, v in plans.items()},
-                                       strategies={s.name: s.platform for s in strategies}, safe_utilization=safe,
-                                       refused=refused))
+    stages = [plan_stage(_deployment(a, spec, p, rank), strategies) for rank in _pp_ranks(a)]
     if Format(a.fmt) is Format.json:
         sys.stdout.write(report.plan_to_json(stages, vllm_version()) + "\n")
     else:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvaudit import __version__
 from kvaudit.deployment import DEVICES, Deployment
-from kvaudit.results import AuditResult, KVPlan, Report, Verdict
+from kvaudit.results import AuditResult, KVPlan, PlanStage, Report, Verdict
 from kvaudit.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -56,29 +55,6 @@ def stages_to_json(reports: list[Report]) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "kvaudit_version": __version__,
                        "stages": [to_dict(r) for r in reports],
                        "exit_code": max(r.exit_code for r in reports)}, indent=2)
-
-
-@dataclass(frozen=True)
-class PlanStage:
-    """``kvaudit plan`` for one pipeline stage: its plans (one per platform rule), their capacity,
-    and per strategy the highest safe utilization."""
-
-    deployment: Deployment
-    plans: dict[str, KVPlan]
-    capacity: dict[str, Any]
-    strategies: dict[str, str]
-    """Strategy -> the platform rule its plan uses."""
-    safe_utilization: dict[str, float | None]
-    refused: dict[str, str]
-    """Strategy -> why vLLM cannot plan it (not audited)."""
-
-    def to_dict(self) -> dict:
-        """JSON form."""
-        return {"deployment": self.deployment.to_dict(),
-                "plans": [{**plan.to_dict(), "capacity": self.capacity[name].to_dict(),
-                           "strategies": [s for s, pl in self.strategies.items() if pl == name]}
-                          for name, plan in self.plans.items()],
-                "highest_safe_utilization": dict(self.safe_utilization), "not_planned": dict(self.refused)}
 
 
 def plan_to_json(stages: list[PlanStage], vllm_version: str | None) -> str:

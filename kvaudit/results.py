@@ -364,3 +364,27 @@ class Report:
         if any(r.verdict is not Verdict.PASS for r in self.audits):
             return 1
         return 3 if self.skipped else 0
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    """``kvaudit plan`` for one pipeline stage: its plans (one per platform rule), their capacity,
+    and per strategy the highest safe utilization."""
+
+    deployment: Any = field(repr=False)
+    """The ``kvaudit.deployment.Deployment`` planned."""
+    plans: dict[str, KVPlan]
+    capacity: dict[str, Any]
+    strategies: dict[str, str]
+    """Strategy -> the platform rule its plan uses."""
+    safe_utilization: dict[str, float | None]
+    refused: dict[str, str]
+    """Strategy -> why vLLM cannot plan it (not audited)."""
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"deployment": self.deployment.to_dict(),
+                "plans": [{**plan.to_dict(), "capacity": self.capacity[name].to_dict(),
+                           "strategies": [s for s, pl in self.strategies.items() if pl == name]}
+                          for name, plan in self.plans.items()],
+                "highest_safe_utilization": dict(self.safe_utilization), "not_planned": dict(self.refused)}
