@@ -306,3 +306,20 @@ def test_not_audited_strategies_are_named_and_exit_3(capsys):
     assert all(f"{s}: not audited:" in out for s in ("ascend-0.11", "ascend-0.12", "ascend-0.16")), out
     last = captured.err.strip().splitlines()[-1]
     assert "NOT MEASURED" in last and "3 not audited" in last
+
+
+def test_llama_config_with_layer_types_is_planned_as_vllms_llama_reads_it(tmp_path):
+    """A Llama-style config with ``layer_types`` and ``sliding_window`` (as Mistral-style checkpoints
+    publish them): vLLM's llama.py gives the sliding layers a sliding window; so does the plan."""
+    from kvaudit.plan import make_deployment
+    from kvaudit.spec import load_model_spec
+
+    cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
+    cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(32)]
+    cfg["sliding_window"] = 4096
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    d = make_deployment(load_model_spec(tmp_path), tp=1, max_model_len=8192, gpu_memory_utilization=0.9)
+    specs = model_for(d).kv_cache_specs()
+    sliding = sorted(int(n.split(".")[2]) for n, s in specs.items() if type(s).__name__ == "SlidingWindowSpec")
+    assert sliding == list(range(0, 32, 2))
+    assert {s.sliding_window for s in specs.values() if type(s).__name__ == "SlidingWindowSpec"} == {4096}
