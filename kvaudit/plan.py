@@ -328,9 +328,9 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
                                f"{_first_line(e)}") from None
         except ValueError as e:
             per_block = max((g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups), default=0)
+            need = f" (one block of every group needs {per_block:,} B)" if per_block else ""
             raise ConfigError(
-                f"vLLM's planner refused the budget of {d.kv_budget_bytes:,} B (one block of every group "
-                f"needs {per_block:,} B): {_first_line(e)}") from None
+                f"vLLM's planner refused the budget of {d.kv_budget_bytes:,} B{need}: {_first_line(e)}") from None
     if cfg.num_blocks < 1:
         raise ConfigError(f"the KV budget {d.kv_budget_bytes} B holds no block of every group")
     return _to_plan(cfg, vc, d, rule, specs, v.version)
