@@ -299,6 +299,7 @@ def test_built_state_specs_match_the_model_class_helpers(preset):
 
 
 def test_not_audited_strategies_are_named_and_exit_3(capsys):
+    _primary_or("deepseek-v3.2")
     code = main_cli(["deepseek-v3.2", "--meter", "meta", "--detail", "summary"])
     captured = capsys.readouterr()
     out = " ".join(captured.out.split())
