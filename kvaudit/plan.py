@@ -173,8 +173,8 @@ def _ascend_contiguous_rule(v: _Vllm, vc: Any, d: Deployment, base: dict[str, An
     block = kernel * math.ceil(ssm_page / (kernel * k_tok))
     if k_tok * block != ssm_page:
         raise NotAuditable(f"vllm-ascend's contiguous hybrid layout (#6887) needs the K page ({k_tok} B/token × "
-                          f"{block}) to equal the largest mamba state ({ssm_page} B); {d.model.name} does not fit "
-                          "it (vllm-ascend v0.16+ asserts this at start-up)")
+                           f"{block}) to equal the largest mamba state ({ssm_page} B); {d.model.name} does not fit "
+                           "it (vllm-ascend v0.16+ asserts this at start-up)")
     if cc.block_size is None or cc.block_size < block:
         cc.block_size = block
     cc.mamba_block_size = cc.block_size if cc.mamba_cache_mode == "align" else d.max_model_len
