@@ -107,7 +107,8 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
     return round(k * step, 6)
 
 
-def for_report(d: Deployment, results: list[Any], strategies: list[Any]) -> tuple[dict[str, Capacity], dict[str, float | None]]:
+def for_report(d: Deployment, results: list[Any],
+               strategies: list[Any]) -> tuple[dict[str, Capacity], dict[str, float | None]]:
     """Capacity per platform rule of the audited plans, and the highest safe utilization per strategy."""
     caps = {r.plan.platform: capacity(r.plan) for r in results}
     by_name = {s.name: s for s in strategies}

@@ -47,7 +47,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _audit_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, help="tensor-parallel size (the preset's, else 1)")
+    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int,
+                   help="tensor-parallel size (the preset's, else 1)")
     p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
                    help="pipeline-parallel size: each stage is planned and budgeted on its own (default 1)")
     p.add_argument("--pp-rank", type=int, help="audit this pipeline stage only (default: every stage)")
@@ -112,16 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
     tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
                      help="markdown (default) or json")
-    plan = sub.add_parser("plan", help="plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util",
-                          description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and "
-                                      "concurrency as vLLM computes and logs them, Mamba slots against max_num_seqs, the "
-                                      "--kv-cache-memory that reproduces the plan, and per strategy the highest "
-                                      "gpu_memory_utilization that does not run out of device memory.")
+    plan = sub.add_parser(
+        "plan", help="plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util",
+        description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and concurrency "
+                    "as vLLM computes and logs them, Mamba slots against max_num_seqs, the --kv-cache-memory "
+                    "that reproduces the plan, and per strategy the highest gpu_memory_utilization that does "
+                    "not run out of device memory.")
     plan.add_argument("--config", help="a config.json, or a model directory holding one")
     plan.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
     _audit_options(plan)
-    models = sub.add_parser("models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
-                            description="List the presets: title, architecture, layer mix per kind, deployment, config.")
+    models = sub.add_parser(
+        "models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
+        description="List the presets: title, architecture, layer mix per kind, deployment, config.")
     models.add_argument("names", nargs="*", help="only these presets")
     sub.add_parser("meters", help="list every meter with its availability here or the reason it is not",
                    description="List every meter with its availability here, or the reason it is unavailable."

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from kvaudit.errors import NotAuditable
+
 
 class Verdict(str, Enum):
     """An audit's outcome: the allocation matched the plan within tolerance, or it did not."""
@@ -102,15 +104,14 @@ class KVPlan:
     def require_regions(self, who: str) -> None:
         """Refuse (``NotAuditable``) when the plan has no ``shared_by`` regions for ``who`` to allocate."""
         if self.interleaved:
-            from kvaudit.errors import NotAuditable
-
             raise NotAuditable(f"{who} cannot allocate this plan: vLLM {self.vllm_version} interleaves its layers "
                                "within blocks (specs of unequal page size), so it has no shared_by regions")
 
     def to_dict(self) -> dict:
         """JSON form."""
         return {
-            "vllm_version": self.vllm_version, "interleaved": self.interleaved, "platform": self.platform, "block_size": self.block_size,
+            "vllm_version": self.vllm_version, "interleaved": self.interleaved, "platform": self.platform,
+            "block_size": self.block_size,
             "num_blocks": self.num_blocks, "kv_budget_bytes": self.kv_budget_bytes,
             "plan_format": self.plan_format, "planned_bytes": self.planned_bytes,
             "groups": [{"index": g.index, "spec": g.spec_type, "block_size": g.block_size,
