@@ -70,11 +70,14 @@ def capacity(plan: KVPlan) -> Capacity:
                     max_num_seqs=vc.scheduler_config.max_num_seqs, kv_cache_memory_bytes=plan.planned_bytes)
 
 
-def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: float = 0.001) -> float | None:
+def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: float = 0.001,
+                             ratio: float | None = None) -> float | None:
     """The highest ``gpu_memory_utilization`` (to ``step``) at which the strategy's allocation of
     vLLM's plan still fits the device beside the non-KV memory; ``None`` when none from ``step`` up does.
 
     Each candidate is planned by vLLM and allocated by the strategy on ``meta`` (no memory used).
+    ``ratio`` (allocated / planned bytes at the deployment's own utilization, where an audit measured it)
+    only chooses where the search starts.
     """
     from kvaudit.audit import dry_run
     from kvaudit.errors import KvauditError
@@ -95,8 +98,10 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
     # Start where a constant ratio r of allocated to planned bytes would put the edge:
     # non-KV + r·(u·M − non-KV) = M, then walk the grid to the exact edge (each step planned by vLLM).
     m, nk = d.device_memory_bytes, d.non_kv_bytes
-    plan = build_plan(dataclasses.replace(d, kv_cache_memory_bytes=None), platform)
-    ratio = max(1.0, dry_run(plan, strategy, d.kv_transfer).total_bytes / max(1, plan.planned_bytes))
+    if ratio is None:
+        plan = build_plan(dataclasses.replace(d, kv_cache_memory_bytes=None), platform)
+        ratio = dry_run(plan, strategy, d.kv_transfer).total_bytes / max(1, plan.planned_bytes)
+    ratio = max(1.0, ratio)
     k = min(int(round(1 / step)) - 1, max(1, math.floor((m + (ratio - 1) * nk) / (ratio * m) / step)))
     while k > 0 and not fits(k * step):
         k -= 1
@@ -112,8 +117,9 @@ def for_report(d: Deployment, results: list[Any],
     """Capacity per platform rule of the audited plans, and the highest safe utilization per strategy."""
     caps = {r.plan.platform: capacity(r.plan) for r in results}
     by_name = {s.name: s for s in strategies}
-    safe = {r.strategy: highest_safe_utilization(d, r.plan.platform, by_name[r.strategy]) for r in results
-            if d.kv_cache_memory_bytes is None and d.num_blocks_override is None}
+    safe = {r.strategy: highest_safe_utilization(d, r.plan.platform, by_name[r.strategy],
+                                                 ratio=r.allocated_bytes / max(1, r.expected_bytes))
+            for r in results if d.kv_cache_memory_bytes is None and d.num_blocks_override is None}
     return caps, safe
 
 
