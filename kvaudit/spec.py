@@ -43,9 +43,8 @@ class ModelSpec:
     """The language model's config (``text_config`` inside a multimodal wrapper, else ``raw``)."""
 
     def check_parallel(self, tp: int, pp: int) -> None:
-        """Refuse what no TP/PP split of this model can be (vLLM checks the rest when it plans)."""
-        if tp < 1 or pp < 1:
-            raise UsageError(f"--tp and --pp must be at least 1, got {tp} and {pp}")
+        """Refuse what no PP split of this model can be (``make_deployment`` has checked both are at
+        least 1; vLLM checks TP against the heads when it plans)."""
         if pp > self.num_hidden_layers:
             raise UsageError(f"--pp {pp} exceeds the {self.num_hidden_layers} layers of {self.name}: "
                              "a pipeline stage would hold no layer")

@@ -145,7 +145,7 @@ def _hopper_attention_backend(v: _Modules) -> Callable[..., str]:
     return pick
 
 
-def _hopper(v: _Modules) -> Any:
+def _hopper() -> Any:
     from vllm.platforms.interface import DeviceCapability
 
     return DeviceCapability(major=9, minor=0)
@@ -174,7 +174,7 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
             (platform_cls, "get_attn_backend_cls", staticmethod(_hopper_attention_backend(v))),
             (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
             (platform_cls, "device_type", "meta"),
-            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _hopper(v))),
+            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _hopper())),
         ]
         prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
         if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
@@ -332,9 +332,8 @@ def remember(key: str, built: BuiltModel) -> None:
 
 
 def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
-    """Build the model of ``vc`` on ``meta`` (cached under ``key``); vLLM's refusal is a ConfigError."""
-    if key in _BUILT:
-        return _BUILT[key]
+    """Build the model of ``vc`` on ``meta`` and file it under ``key`` (``built_model`` finds it);
+    vLLM's refusal is a ConfigError."""
     v = _modules()
     pc = vc.parallel_config
     tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
