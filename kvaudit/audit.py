@@ -22,13 +22,10 @@ from kvaudit.deployment import Deployment
 from kvaudit.errors import KvauditError, MeterUnavailable, NotAuditable, StrategyFailed
 from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
-from kvaudit.results import (AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading, OomPoint,
-                             Snapshot, TensorRow, Verdict)
+from kvaudit.results import (DEFAULT_TOLERANCE, AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading,
+                             OomPoint, Snapshot, TensorRow, Verdict, exceeds_plan)
 from kvaudit.strategies import ALIGNMENT, Strategy
 from kvaudit.units import fmt_bytes
-
-DEFAULT_TOLERANCE = 0.005
-"""Relative tolerance: 0.5 % of the planned bytes."""
 
 
 class _OutOfMemory(Exception):
@@ -192,7 +189,7 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
     over, under = allocated - expected, expected - allocated
     if device_oom is not None:
         reasons.insert(0, _oom_reason(device_oom, meter))
-    elif over > tol_bytes:
+    elif exceeds_plan(allocated, expected, tol_bytes):
         reasons.insert(0, f"allocates {fmt_bytes(allocated)} for a plan of {fmt_bytes(expected)}: "
                           f"{allocated / expected:.2f}×, {fmt_bytes(over)} over a tolerance of {fmt_bytes(tol_bytes)}")
     elif under > int(round(tolerance * expected)):

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from kvaudit import __version__
 from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, PRESETS
 from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, UsageError
+from kvaudit.results import DEFAULT_TOLERANCE
 
 DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs allocated bytes per layer "
                "and group, with a verdict. Exit codes: 0 pass, 1 fail, 2 bad input, 3 could not measure.")
@@ -82,7 +83,8 @@ def _audit_options(p: argparse.ArgumentParser) -> None:
                         "vllm-ascend==VERSION, module:function, or a kvaudit.strategies entry point; repeatable")
     p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
     p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
-    p.add_argument("--tolerance", type=float, default=0.005, help="relative tolerance on the planned bytes (0.005)")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"relative tolerance on the planned bytes ({DEFAULT_TOLERANCE})")
     p.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
                    help="table, or json (stdout holds only the JSON)")
     p.add_argument("--detail", choices=[d.value for d in Detail], default="layers",
@@ -111,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "one, and write a report to paste into the issue.")
     tri.add_argument("report", help="the report: a file, or - for stdin")
     tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
+    tri.add_argument("--title", help="the issue's title (versions and models are often only there); a first line "
+                                     "that reads like one ([Bug]: ...) is taken as the title")
+    tri.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                     help=f"relative tolerance on the planned bytes, as for audit ({DEFAULT_TOLERANCE})")
     tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
                      help="markdown (default) or json")
     plan = sub.add_parser(
@@ -256,7 +262,9 @@ def triage_command(a: argparse.Namespace) -> int:
     from kvaudit.evidence import read_report
     from kvaudit.triage import triage
 
-    t = triage(read_report(a.report), a.config)
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    t = triage(read_report(a.report), a.config, a.title, a.tolerance)
     sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
     sys.stdout.flush()
     _note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))

@@ -102,6 +102,61 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 )}
 
 
+_MODEL_NAMES: tuple[tuple[str, str, bool], ...] = (
+    # (pattern on the normalised model name, preset, whether the preset *is* that model): first match wins.
+    # A family match (False) shares the preset's layer kinds, so the allocators treat it alike, not its sizes.
+    (r"qwen3-coder-next", "qwen3-next", False),
+    (r"qwen3-next", "qwen3-next", True),  # one size: Qwen3-Next-80B-A3B (Instruct, Thinking)
+    (r"qwen3\.5-397b-a17b", "qwen3.5-397b-a17b", True),
+    (r"qwen3\.5-27b", "qwen3.5-27b", True),
+    (r"qwen3\.5-.*a\d+b", "qwen3.5-397b-a17b", False),
+    (r"qwen3\.5", "qwen3.5-27b", False),
+    (r"qwen3-30b-a3b", "qwen3-30b-a3b", True),
+    (r"qwen3-.*a\d+b", "qwen3-30b-a3b", False),
+    (r"qwen3-8b", "qwen3-8b", True),
+    (r"qwen3", "qwen3-8b", False),
+    (r"qwen2\.5-7b", "qwen2.5-7b", True),
+    (r"qwen2|qwq|deepseek-r1-distill-qwen", "qwen2.5-7b", False),
+    (r"llama-3\.1-8b|llama-3-1-8b", "llama-3.1-8b", True),
+    (r"llama", "llama-3.1-8b", False),
+    (r"mixtral-8x7b", "mixtral-8x7b", True),
+    (r"mixtral", "mixtral-8x7b", False),
+    (r"deepseek-v3\.2", "deepseek-v3.2", True),
+    (r"deepseek-v3|deepseek-r1", "deepseek-v3", True),
+    (r"kimi-k2", "kimi-k2", True),
+    (r"gemma-3-27b", "gemma-3-27b", True),
+    (r"gemma-3", "gemma-3-27b", False),
+    (r"gpt-oss-120b", "gpt-oss-120b", True),
+    (r"gpt-oss", "gpt-oss-120b", False),
+    (r"glm-4\.5$|glm-4\.5-fp8", "glm-4.5", True),
+    (r"glm-4\.[56]", "glm-4.5", False),
+    (r"minimax-m2", "minimax-m2", True),
+    (r"nemotron-h-8b", "nemotron-h-8b", True),
+    (r"nemotron-h-56b", "nemotron-h-56b", True),
+    (r"nemotron-h", "nemotron-h-8b", False),
+    (r"granite-4\.0-h-small", "granite-4.0-h-small", True),
+    (r"granite-4\.0-h", "granite-4.0-h-small", False),
+    (r"falcon-h1-7b", "falcon-h1-7b", True),
+    (r"falcon-h1", "falcon-h1-7b", False),
+    (r"jamba-(?:1\.[57]-)?mini", "jamba-mini", True),
+    (r"jamba", "jamba-mini", False),
+)
+
+
+def preset_for_model(model: str) -> tuple[str, bool] | None:
+    """The preset a model name (a hub id, a local path, a name in prose) refers to, and whether it is
+    that very model (``True``) or one of its family with the same layer kinds (``False``)."""
+    import re
+
+    name = re.sub(r"[^a-z0-9.]+", "-", Path(model.strip().rstrip("/")).name.lower()).strip("-")
+    name = re.sub(r"-(instruct|chat|base|thinking|it|hf|fp8|bf16|awq|gptq|w8a8|int[48])(?=-|$)", "", name)
+    name = re.sub(r"^meta-", "", name)
+    for pattern, preset, exact in _MODEL_NAMES:
+        if re.search(pattern, name):
+            return preset, exact
+    return None
+
+
 def fixtures_dir() -> Path:
     """The shipped configs: inside the wheel, or ``fixtures/configs`` in a source checkout."""
     here = Path(__file__).resolve().parent

@@ -1,11 +1,15 @@
-"""Read what users paste into an issue (logs, tracebacks, smi tables, version lists) into facts,
-each with the line it came from. Plain text in, no torch and no vLLM: this stays fast.
+"""Read what users paste into an issue (logs, tracebacks, smi tables, version lists, commands, prose)
+into facts, each with the line it came from. Plain text in, no torch and no vLLM: this stays fast.
 
-The formats are vLLM's and vllm-ascend's own, from the 0.11 era to today (see the README's triage
-section): log lines with or without ``(Worker_TP0 pid=N)`` prefixes, ``Initializing a V1 LLM engine``
-config lines, ``non-default args: {...}``, ``vllm serve`` command lines, collect_env and pip
-output, the memory-profiling lines, torch and torch_npu out-of-memory messages, traceback frames,
-and ``npu-smi info`` / ``nvidia-smi`` tables.
+The shapes are those of public vLLM and vllm-ascend issue threads (``fixtures/reports/threads``):
+the issue title; log lines with or without ``(Worker_TP0 pid=N)`` or ``[rank0]:`` prefixes;
+``Initializing a V1 LLM engine`` config lines, ``non-default args: {...}``, the old api_server's
+``args: Namespace(...)``; ``vllm serve`` command lines (shell variables set earlier in the paste
+expanded) and ``LLM(...)`` Python reproducers; collect_env, pip lines, container image tags and
+versions in English or Chinese prose; vLLM V0's memory-profiling and ``# GPU blocks`` lines and V1's;
+torch and torch_npu out-of-memory messages; traceback frames; ``npu-smi info`` / ``nvidia-smi``
+tables; and facts users state in prose ("works with --enforce-eager", "0.6 works", "TP4 works, TP8
+fails", "another service holds 19 GB").
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ GiB = 1 << 30
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|(?<![\w\]])\[[0-9;]{1,12}m")
 _NUM = r"-?[0-9]+(?:\.[0-9]+)?"
+_VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
+"""A release version as people write it: 0.8.5, 0.11.0rc3, 0.9.2.post1, 0.14.0rc2.dev119+g52aa9c0."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +40,14 @@ class Fact:
     key: str
     value: Any
     line: int
-    """1-based line number in the report."""
+    """1-based line number in the report; 0 for the issue title given apart (``--title``)."""
     text: str
     """That line, cleaned (ANSI codes removed), trimmed to 240 characters."""
 
     @property
     def source(self) -> str:
-        """``line N: <text>``."""
-        return f"line {self.line}: {self.text}"
+        """``line N: <text>`` (``title: <text>`` for a title given apart)."""
+        return f"title: {self.text}" if self.line == 0 else f"line {self.line}: {self.text}"
 
 
 @dataclass
@@ -55,15 +61,22 @@ class Evidence:
         """Record a fact."""
         self.facts.setdefault(key, []).append(Fact(key, value, line, text.strip()[:240]))
 
-    def first(self, key: str) -> Fact | None:
-        """The first fact of that key, if any."""
-        found = self.facts.get(key)
-        return found[0] if found else None
+    def first(self, *keys: str) -> Fact | None:
+        """The first fact of the first of ``keys`` that has one (keys in order of trust)."""
+        for key in keys:
+            found = self.facts.get(key)
+            if found:
+                return found[0]
+        return None
 
     def value(self, key: str) -> Any:
         """The first value of that key, or ``None``."""
         f = self.first(key)
         return f.value if f else None
+
+    def all(self, key: str) -> list[Fact]:
+        """Every fact of that key, in report order."""
+        return self.facts.get(key, [])
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.facts.values())
@@ -111,53 +124,119 @@ def clean_lines(text: str) -> list[str]:
     return [_ANSI.sub("", line[:MAX_LINE]) for line in text.split("\n")]
 
 
+_REPORT_WORDS = re.compile(r"out of memory|\boom\b|vllm|\bnpu\b|\bgpu\b|cuda|ascend|traceback|显存|内存不足",
+                           re.IGNORECASE)
+
+
+def looks_like_report(text: str) -> bool:
+    """Whether text is a report at all: it mentions an out-of-memory error, vLLM, an NPU or GPU, or a
+    traceback. Anything that does is triaged (at worst to insufficient-information), never refused."""
+    return _REPORT_WORDS.search(text) is not None
+
+
+_OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOM(?![A-Za-z])|Tried to allocate|显存不足|内存不足",
+                        re.IGNORECASE)
+_TITLE = re.compile(r"^\s*(?:#+\s*)?\[(?:Bug|Usage|Performance|Feature|Misc|Installation|Doc|RFC|Question)\]",
+                    re.IGNORECASE)
+
+
+def reads_like_title(line: str) -> bool:
+    """A GitHub issue title as pasted on the first line: ``[Bug]: ...`` and its siblings."""
+    return _TITLE.match(line) is not None
+
+
 # --- extracting ---------------------------------------------------------------------------------------
 
+_PIP = r"^\s*(?:\[(?:pip3?|conda)\]\s+)?"
 _VLLM_VERSION = [
     re.compile(r"vLLM (?:API )?server version (?P<v>[0-9][\w.+-]*)"),
-    re.compile(r"Initializing a V1 LLM engine \(v(?P<v>[0-9][\w.+-]*)\)"),
+    re.compile(r"Initializing a V[01] LLM engine \(v(?P<v>[0-9][\w.+-]*)\)"),
     re.compile(r"^\s*vLLM Version\s*:\s*(?P<v>[0-9][\w.+-]*)"),
     re.compile(r"▀▄▀ █\s+version (?P<v>[0-9][\w.+-]*)"),
-    re.compile(r"^\s*(?:\[(?:pip3?|conda)\]\s+)?vllm\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
+    re.compile(_PIP + r"vllm\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
 ]
 _ASCEND_VERSION = [
     re.compile(r"^\s*vLLM Ascend Version\s*:\s*(?P<v>[0-9][\w.+-]*)"),
-    re.compile(r"^\s*(?:\[(?:pip3?|conda)\]\s+)?vllm[-_]ascend\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
+    re.compile(_PIP + r"vllm[-_]ascend\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
 ]
-_TORCH_NPU = re.compile(r"^\s*(?:\[(?:pip3?|conda)\]\s+)?torch[-_]npu\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)")
+_TORCH_NPU = re.compile(_PIP + r"torch[-_]npu\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)")
 _PIP_SHOW_NAME = re.compile(r"^\s*Name:\s*(?P<n>vllm(?:[-_]ascend)?)\s*$")
 _PIP_SHOW_VERSION = re.compile(r"^\s*Version:\s*(?P<v>[0-9][\w.+-]*)")
+# container images: quay.io/ascend/vllm-ascend:v0.11.0rc0, vllm-ascend:v0.12.0rc1-a3-openeuler, vllm/vllm-openai:v0.8.5
+_IMAGE_ASCEND = re.compile(rf"vllm-ascend:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
+_IMAGE_VLLM = re.compile(rf"vllm-openai:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
+# prose: "vllm-ascend 0.13.0", "vLLM-Ascend镜像：0.14.0rc1", "**vLLM Version**: 0.8.5", "vllm版本0.9.1"
+_GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|ver\.?)*"
+_PROSE_ASCEND = re.compile(rf"vllm[-_ ]?ascend{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
+_PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend){_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
+_BARE_VERSION = re.compile(rf"(?<![\w.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:rc[0-9]+)?(?:\.post[0-9]+)?)(?![\w.])")
 
-_ENGINE = re.compile(r"(?:Initializing a V[01] LLM engine|Dumping input data for V1 LLM engine).*with config:")
+_ENGINE = re.compile(r"(?:Initializing an? (?:V[01] )?LLM engine|Dumping input data for V1 LLM engine).*with config:")
 _ENGINE_KEYS = {
     "model": (re.compile(r"\bmodel='(?P<v>[^']*)'"), str),
     "dtype": (re.compile(r"\bdtype=(?:torch\.)?(?P<v>\w+)"), str),
     "max_model_len": (re.compile(r"\bmax_seq_len=(?P<v>\d+)"), int),
     "tp": (re.compile(r"\btensor_parallel_size=(?P<v>\d+)"), int),
     "pp": (re.compile(r"\bpipeline_parallel_size=(?P<v>\d+)"), int),
+    "dp": (re.compile(r"\bdata_parallel_size=(?P<v>\d+)"), int),
     "kv_cache_dtype": (re.compile(r"\bkv_cache_dtype=(?P<v>\w+)"), str),
     "device_type": (re.compile(r"\bdevice_config=(?P<v>\w+)"), str),
+    "enforce_eager": (re.compile(r"\benforce_eager=(?P<v>True|False)"), lambda v: v == "True"),
 }
 _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
+_NAMESPACE = re.compile(r"\bargs: Namespace\((?P<d>.*)\)")
 _ARG_KEYS = {
     "model": ("model", str), "model_tag": ("model", str), "tensor_parallel_size": ("tp", int),
-    "pipeline_parallel_size": ("pp", int), "max_model_len": ("max_model_len", int),
+    "pipeline_parallel_size": ("pp", int), "data_parallel_size": ("dp", int), "max_model_len": ("max_model_len", int),
     "gpu_memory_utilization": ("gpu_memory_utilization", float), "kv_cache_dtype": ("kv_cache_dtype", str),
     "dtype": ("dtype", str), "block_size": ("block_size", int), "kv_cache_memory_bytes": ("kv_cache_memory", int),
+    "enforce_eager": ("enforce_eager", lambda v: v == "True"), "max_num_seqs": ("max_num_seqs", int),
 }
-_CMD = re.compile(r"(?:^|[\s$#>])(?:vllm\s+serve|-m\s+vllm\.entrypoints\.openai\.api_server)\b(?P<rest>.*)$")
+_CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
+                  r"\S*benchmark_\w+\.py)\b(?P<rest>.*)$")
+_FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
+"""A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
+_VALUELESS = {"trust-remote-code", "enforce-eager", "enable-reasoning", "enable-prefix-caching", "no-enable-prefix-caching",
+              "enable-chunked-prefill", "disable-log-requests", "disable-log-stats", "enable-expert-parallel",
+              "enable-auto-tool-choice", "disable-custom-all-reduce", "async-scheduling", "headless"}
+"""Flags of ``vllm serve`` that take no value: the token after one may be the model."""
 _CMD_FLAGS = {
     "tensor-parallel-size": ("tp", int), "tp": ("tp", int), "pipeline-parallel-size": ("pp", int),
-    "pp": ("pp", int), "max-model-len": ("max_model_len", int), "gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "pp": ("pp", int), "data-parallel-size": ("dp", int), "dp": ("dp", int),
+    "max-model-len": ("max_model_len", int), "gpu-memory-utilization": ("gpu_memory_utilization", float),
     "kv-cache-dtype": ("kv_cache_dtype", str), "dtype": ("dtype", str), "model": ("model", str),
     "block-size": ("block_size", int), "kv-cache-memory": ("kv_cache_memory", int),
+    "max-num-seqs": ("max_num_seqs", int), "max-num-batched-tokens": ("max_num_batched_tokens", int),
 }
+_LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
+_LLM_KEYS = {"tensor_parallel_size": ("tp", int), "pipeline_parallel_size": ("pp", int),
+             "data_parallel_size": ("dp", int), "gpu_memory_utilization": ("gpu_memory_utilization", float),
+             "max_model_len": ("max_model_len", int), "kv_cache_dtype": ("kv_cache_dtype", str),
+             "dtype": ("dtype", str), "enforce_eager": ("enforce_eager", lambda v: v == "True"),
+             "max_num_seqs": ("max_num_seqs", int)}
+_ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*(?P<v>"[^"]*"|'[^']*'|[^\s;&|]+)""")
+_VAR = re.compile(r"\$\{(?P<a>[A-Za-z_]\w*)\}|\$(?P<b>[A-Za-z_]\w*)")
+_DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
+_SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
+_MODEL_MENTION = re.compile(r"(?<![\w/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
+                            r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[\w.-]*"
+                            r"(?:[ -](?:\d[\w.]*|next|coder|vl|vision|instruct|chat|it)(?![\w.]))*", re.IGNORECASE)
+"""A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
+_PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
+                          r"`?(?P<v>[\w./-]*[A-Za-z][\w./-]*)", re.IGNORECASE)
 _SIMPLE = [
     ("available_kv", re.compile(rf"Available KV cache memory: (?P<v>{_NUM}) GiB"), lambda m: round(float(m["v"]) * GiB)),
-    ("weights", re.compile(rf"(?:Model loading|Loading model weights) took (?P<v>{_NUM}) (?:GiB|GB)"),
+    ("available_kv", re.compile(rf"the rest of the memory reserved for KV Cache is (?P<v>{_NUM}) ?GiB"),
      lambda m: round(float(m["v"]) * GiB)),
+    ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
+     lambda m: round(float(m["v"]) * GiB)),
+    ("weights", re.compile(rf"(?:Model loading|Loading model weights) took (?P<v>{_NUM}) ?(?:GiB|GB)"),
+     lambda m: round(float(m["v"]) * GiB)),
+    ("weights", re.compile(rf"model weights take (?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
+    ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
     ("kv_cache_tokens", re.compile(r"(?:GPU|NPU|XPU|CPU)(?: \+ host)? KV cache size: (?P<v>[\d,]+) tokens"),
      lambda m: int(m["v"].replace(",", ""))),
+    ("gpu_blocks", re.compile(r"# (?:GPU|NPU|gpu|npu) blocks: (?P<v>\d+)"), lambda m: int(m["v"])),
     ("max_concurrency", re.compile(rf"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<v>{_NUM})x"),
      lambda m: float(m["v"])),
     ("block_size", re.compile(r"Setting attention block size to (?P<v>\d+) tokens"), lambda m: int(m["v"])),
@@ -165,17 +244,41 @@ _SIMPLE = [
     ("gpu_memory_utilization", re.compile(rf"Desired GPU memory utilization is \((?P<v>{_NUM}),"),
      lambda m: float(m["v"])),
     ("gpu_memory_utilization", re.compile(rf"x gpu_memory_utilization \((?P<v>{_NUM})\)"), lambda m: float(m["v"])),
+    ("gpu_memory_utilization", re.compile(rf"Memory profiling results:.*\bgpu_memory_utilization=(?P<v>{_NUM})"),
+     lambda m: float(m["v"])),
     ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"]),
     ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"]),
     ("platform", re.compile(r"Platform plugin ascend is activated"), lambda m: "ascend"),
     ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda"),
     ("kv_capacity_error", re.compile(r"No available memory for the cache blocks|To serve at least one request with the "
-                                     r"models?'s max seq len"), lambda m: m.group(0)),
+                                     r"models?'s max seq len|is larger than the maximum number of tokens that can be "
+                                     r"stored in KV cache|Insufficient memory for KV cache"), lambda m: m.group(0)),
+    ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), lambda m: round(float(m["v"]) * GiB)),
+    ("available_kv", re.compile(rf"larger than the available KV cache memory \((?P<v>{_NUM}) Gi?B\)"),
+     lambda m: round(float(m["v"]) * GiB)),
+    ("estimated_max_model_len", re.compile(r"the estimated maximum model length is (?P<v>\d+)"), lambda m: int(m["v"])),
+    ("max_model_len", re.compile(r"max seq len \((?P<v>\d+)\)"), lambda m: int(m["v"])),
+    ("kv_cache_tokens", re.compile(r"maximum number of tokens that can be stored in KV cache \((?P<v>\d+)\)"),
+     lambda m: int(m["v"])),
+    ("served", re.compile(r"Avg prompt throughput|Avg generation throughput|\"POST /v1/\S+ HTTP/1\.1\" 200|"
+                          r"Application startup complete"), lambda m: m.group(0)),
+    ("captured", re.compile(r"Graph capturing finished|Capturing CUDA graphs? .*100%|capturing (?:CUDA|ACL) graphs? took",
+                            re.IGNORECASE), lambda m: m.group(0)),
+    ("capture_started", re.compile(r"Capturing (?:cudagraphs|CUDA graphs?|ACL graphs?)", re.IGNORECASE),
+     lambda m: m.group(0)),
+    ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:NPUs?|Ascend|910[BC]\d?)(?![A-Za-z0-9])|昇腾|npu-smi|vllm[-_]ascend",
+                                  re.IGNORECASE), lambda m: "ascend"),
+    ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:CUDA|NVIDIA|GeForce|[AHL]\d{2,3}S?)(?![A-Za-z0-9])|nvidia-smi",
+                                  re.IGNORECASE), lambda m: "cuda"),
+    ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
+     lambda m: int(m["v"])),
 ]
 _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d+)(?:_[A-Z]+\d+)* pid=\d+\)")
+_RANK = re.compile(r"^\s*\[rank(?P<v>\d+)\]:|\brank=(?P<w>\d+)\b")
 _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d+), total memory: (?P<t>\d+)")
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<ln>\d+), in (?P<func>[\w<>]+)')
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _NPU_SMI_CHIP = re.compile(
     r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|\s*\d+\s+\d+\s*/\s*\d+\s+"
     r"(?P<used>\d+)\s*/\s*(?P<total>\d+)\s*\|")
@@ -184,21 +287,92 @@ _NPU_SMI_PROCESS = re.compile(r"^\|\s*(?P<npu>\d+)\s+\d+\s*\|\s*(?P<pid>\d+)\s*\
 _NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d+)\s+\S+\s+\S+\s+(?P<pid>\d+)\s+[CG]\s+(?P<name>\S+)\s+(?P<mb>\d+)MiB\s*\|")
 _NVIDIA_SMI = re.compile(r"^\|.*?\d+C\s+P\d+.*?\|\s*(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s*\|")
 _NVIDIA_NAME = re.compile(r"^\|\s+(?P<gpu>\d+)\s+(?P<name>NVIDIA .+?|Tesla .+?)\s+(?:On|Off)\s+\|")
+_DEVICE_NAMES = [  # device kinds named in prose, the kvaudit device they map to (deployment.DEVICES)
+    (re.compile(r"\bH100\b", re.IGNORECASE), "h100-80g"),
+    (re.compile(r"\bH200\b", re.IGNORECASE), "h200-141g"),
+]
+_NOMINAL = re.compile(r"\b(?P<name>A100|A800|H800|H20|L40S?|L20|RTX ?[345]090|[345]090|A6000|A10G?|V100|T4|910B\d?)\b"
+                      r"(?:[^\n\d]{0,16}?(?P<gb>\d{2,3}) ?G(?:B|iB)?\b)?", re.IGNORECASE)
+_NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "3090": 24, "4090": 24, "5090": 32, "a6000": 48, "a10": 24, "a10g": 24,
+               "t4": 16, "h20": 96}
+"""Memory of GPU kinds that come in one size, in GB as sold (a figure for weights, not for the budget)."""
+
+# facts people state in prose
+_WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|succeed(?:s|ed)?|successful(?:ly)?|" \
+         r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|正常|成功|解决|可以)"
+_FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
+_PROSE_FACTS = [
+    ("eager_works", re.compile(rf"(?:--enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
+                               rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*(?:--enforce[-_]eager|enforce_eager|eager "
+                               r"mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
+     lambda m: True),
+    ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d+)\b[^.\n,;]{{0,20}}?{_WORKS}",
+                            re.IGNORECASE), lambda m: int(m["v"])),
+    ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d+)\b[^.\n,;]{{0,20}}?{_FAILS}",
+                            re.IGNORECASE), lambda m: int(m["v"])),
+    ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:后|then|and|,|，)?\s*"
+                              rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"])),
+    ("util_works", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}\s+is\s+(?P<v>0\.\d+)[^.\n]{{0,50}}?{_WORKS}",
+                              re.IGNORECASE), lambda m: float(m["v"])),
+    ("util_works", re.compile(rf"{_WORKS}[^.\n]{{0,40}}?(?:utili[sz]ation|util)\W{{0,3}}\s+from\s+0\.\d+\s+to\s+"
+                              r"(?P<v>0\.\d+)", re.IGNORECASE), lambda m: float(m["v"])),
+    ("util_fails", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}[^.\n]{{0,30}}?\bto\s+(?P<v>1\.0|0\.\d+)[^.\n]{{0,60}}?"
+                              rf"{_FAILS}", re.IGNORECASE), lambda m: float(m["v"])),
+    ("util_fails", re.compile(r"(?:utili[sz]ation|util)\W{0,3}\s+from\s+(?P<v>1\.0|0\.\d+)\s+to\s+0\.\d+",
+                              re.IGNORECASE), lambda m: float(m["v"])),
+    ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
+                                 r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
+                                 r"(?:GB|GiB|G)\b", re.IGNORECASE), lambda m: round(float(m["v"]) * GiB)),
+    ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
+                                    r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True),
+    ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
+                                        r"(?:actual|real|memory)\s+(?:memory\s+)?(?:usage|use|utili[sz]ation)\s+"
+                                        r"(?:reaches|reached|is|was|of|goes to|went to)\s+(?P<v>0\.\d+)",
+                                        re.IGNORECASE),
+     lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"]))),
+]
 
 PHASES = {
     "kv-cache allocation": ("_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "allocate_kv_cache",
-                            "initialize_kv_cache_tensors_deepseek_mla", "initialize_kv_cache_tensors_deepseek_sfa"),
-    "CUDA/ACL graph capture": ("capture_model",),
-    "memory profiling": ("profile_run", "_dummy_run", "determine_available_memory", "_dummy_sampler_run"),
-    "weight loading": ("load_model", "load_weights"),
-    "serving requests": ("execute_model",),
+                            "initialize_kv_cache_tensors_deepseek_mla", "initialize_kv_cache_tensors_deepseek_sfa",
+                            "initialize_kv_cache", "_allocate_kv_cache", "initialize_cache", "_init_cache_engine"),
+    "kv-cache planning": ("check_enough_kv_cache_memory", "_check_enough_kv_cache_memory", "get_kv_cache_config",
+                          "get_kv_cache_configs", "_raise_insufficient_kv_cache_memory"),
+    "CUDA/ACL graph capture": ("capture_model", "_capture_cudagraphs", "capture_graph", "_capture_aclgraphs"),
+    "memory profiling": ("profile_run", "_dummy_run", "determine_available_memory", "_dummy_sampler_run",
+                         "determine_num_available_blocks", "_dummy_pooler_run"),
+    "weight loading": ("load_model", "load_weights", "initialize_model", "_initialize_model", "create_weights",
+                       "weight_loader", "process_weights_after_loading"),
+    "serving requests": ("execute_model", "execute_model_async", "_model_forward", "sample_tokens"),
 }
+"""Traceback phases by the functions that run them, vLLM's and vllm-ascend's (V0 and V1)."""
 
 
-def extract(lines: list[str]) -> Evidence:
-    """Every fact the report's lines hold."""
+@dataclass
+class _Command:
+    """A launch in the paste (``vllm serve``, the api_server, ``LLM(...)``) and what it set."""
+
+    line: int
+    text: str
+    facts: list[tuple[str, Any]]
+    outcome: str | None
+    """``works`` or ``fails`` where the paste says so next to the command."""
+
+
+def extract(lines: list[str], title: str | None = None) -> Evidence:
+    """Every fact the report's lines hold. ``title`` is the issue's title, given apart; without it a
+    first line that reads like one (``[Bug]: ...``) is taken as the title."""
     ev = Evidence(lines=len(lines))
+    if title is not None:
+        _title(ev, 0, title)
+    else:
+        first = next((i for i, line in enumerate(lines) if line.strip()), None)
+        if first is not None and reads_like_title(lines[first]):
+            _title(ev, first + 1, lines[first])
     frames: list[tuple[int, str]] = []
+    tracebacks: list[int] = []
+    commands: list[_Command] = []
+    variables: dict[str, str] = {}
     pip_show: str | None = None
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -209,22 +383,40 @@ def extract(lines: list[str]) -> Evidence:
             pip_show = None
         if m := _PIP_SHOW_NAME.search(line):
             pip_show = m["n"]
+        if m := _ASSIGN.search(line):
+            variables[m["k"]] = m["v"].strip("'\"")
         if _ENGINE.search(line):
             for key, (rx, conv) in _ENGINE_KEYS.items():
                 if m := rx.search(line):
                     ev.add(key, conv(m["v"]), n, line)
         if m := _ARGS.search(line):
-            _non_default_args(ev, n, line, m["d"])
-        if m := _CMD.search(line):
-            rest, k = m["rest"], n
+            _keyword_args(ev, n, line, m["d"], r"'{key}': (?P<v>'[^']*'|[\w.+-]+)")
+        if m := _NAMESPACE.search(line):
+            _keyword_args(ev, n, line, m["d"], r"\b{key}=(?P<v>'[^']*'|[\w.+-]+)")
+        if (m := _CMD.search(line) or _FLAGS_LINE.search(line)) and not _continues(lines, n):
+            rest, k = _expand(m["rest"], variables), n
             while rest.rstrip().endswith("\\") and k < len(lines):  # a command continued with "\"
-                rest, k = rest.rstrip()[:-1] + " " + lines[k], k + 1
-            _command_line(ev, n, line, rest)
+                rest, k = rest.rstrip()[:-1] + " " + _expand(lines[k], variables), k + 1
+            facts = _command_line(rest, bare=m.re is _FLAGS_LINE)
+            if facts:
+                commands.append(_Command(n, line, facts, _outcome(lines, n, k)))
+        elif (m := _LLM_CALL.search(line)) and not _FRAME.search(line):
+            call, k = line[m.start():], n
+            while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
+                    and not _FRAME.search(lines[k]) and not _TRACEBACK.search(lines[k]):
+                call, k = call + " " + lines[k], k + 1
+            commands.append(_Command(n, line, _llm_call(call, variables), _outcome(lines, n, k)))
         for key, rx, conv in _SIMPLE:
             if m := rx.search(line):
                 ev.add(key, conv(m), n, line)
+        for rx, value in ((_DOWNLOADING, None), (_SERVING, None), (_PROSE_MODEL, None)):
+            if m := rx.search(line):
+                ev.add("model_prose" if rx is _PROSE_MODEL else "model", m["v"], n, line)
+                break
         if m := _WORKER_TP.search(line):
             ev.add("worker_tp_rank", int(m["v"]), n, line)
+        if m := _RANK.search(line):
+            ev.add("rank", int(m["v"] or m["w"]), n, line)
         if m := _ASCEND_AVAILABLE.search(line):
             ev.add("available_kv", int(m["a"]), n, line)
             ev.add("device_memory", int(m["t"]), n, line)
@@ -232,21 +424,58 @@ def extract(lines: list[str]) -> Evidence:
         if m := _FREE_ON_STARTUP.search(line):
             ev.add("startup_free", round(float(m["free"]) * GiB), n, line)
             ev.add("device_memory", round(float(m["total"]) * GiB), n, line)
+        if _TRACEBACK.search(line):
+            tracebacks.append(n)
         if m := _FRAME.search(line):
             frames.append((n, m["func"]))
             if "vllm_ascend" in m["path"]:
                 ev.add("platform", "ascend", n, line)
-        if "out of memory" in line.lower() and (oom := parse_oom(line)) is not None and oom.tried is not None:
+        low = line.lower()
+        if "out of memory" in low and (oom := parse_oom(line)) is not None and oom.tried is not None:
             ev.add("oom", oom, n, line)
             ev.add("platform", "ascend" if (oom.device or "").startswith("NPU") else "cuda", n, line)
             if oom.total:
                 ev.add("device_memory", oom.total, n, line)
+        elif _OOM_WORDS.search(line):
+            ev.add("oom_mentioned", True, n, line)
+        for key, rx, conv in _PROSE_FACTS:
+            if m := rx.search(line):
+                ev.add(key, conv(m), n, line)
+        if not _FRAME.search(line):
+            for rx, device in _DEVICE_NAMES:
+                if rx.search(line):
+                    ev.add("device_named", device, n, line)
+                    break
+            if m := _NOMINAL.search(line):
+                gb = int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
+                if gb:
+                    ev.add("device_nominal_gb", gb, n, line)
+            for m in _MODEL_MENTION.finditer(line):
+                ev.add("model_mention", m.group(0).rstrip(".-"), n, line)
         _smi(ev, n, line)
-    for oom in ev.facts.get("oom", []):
+    _launches(ev, commands, lines)
+    for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
         phase = _phase(frames, oom.line)
         if phase is not None:
             ev.add("oom_phase", phase[0], phase[1], lines[phase[1] - 1])
+    if tracebacks:  # the phase of the last traceback, with or without an out-of-memory line
+        last = [f for f in frames if f[0] > tracebacks[-1]]
+        phase = _phase(last, last[-1][0] + 1) if last else None
+        if phase is not None:
+            ev.add("error_phase", phase[0], phase[1], lines[phase[1] - 1])
     return ev
+
+
+def _title(ev: Evidence, n: int, title: str) -> None:
+    """The issue title: its versions and the model named in it."""
+    text = title.strip()
+    before = len(ev)
+    _versions(ev, n, text)
+    if len(ev) == before and (m := _BARE_VERSION.search(text)):
+        ev.add("title_version", m["v"], n, text)  # "0.13.0 qwen3-next-80b oom": the release the reporter runs
+    ev.add("title", text, n, text)
+    if _OOM_WORDS.search(text):
+        ev.add("oom_mentioned", True, n, text)
 
 
 def _versions(ev: Evidence, n: int, line: str) -> None:
@@ -262,22 +491,58 @@ def _versions(ev: Evidence, n: int, line: str) -> None:
     if m := _TORCH_NPU.search(line):
         ev.add("torch_npu_version", m["v"], n, line)
         ev.add("platform", "ascend", n, line)
+        return
+    if "/" in line and _FRAME.search(line):
+        return  # a traceback frame's path (site-packages/vllm/...) names no release
+    found = False
+    for m in _IMAGE_ASCEND.finditer(line):
+        ev.add("vllm_ascend_image", m["v"], n, line)
+        found = True
+    for m in _IMAGE_VLLM.finditer(line):
+        ev.add("vllm_image", m["v"], n, line)
+        found = True
+    if found:
+        ev.add("platform", "ascend", n, line) if "vllm_ascend_image" in ev.facts else None
+        return
+    # "upgraded from vllm0.7.3 to vllm0.8.2": the last version a line names is the one that runs
+    if found := list(_PROSE_ASCEND.finditer(line)):
+        ev.add("vllm_ascend_prose", found[-1]["v"], n, line)
+        ev.add("platform", "ascend", n, line)
+    elif (found := list(_PROSE_VLLM.finditer(line))) and not _CMD.search(line):
+        ev.add("vllm_prose", found[-1]["v"], n, line)
 
 
-def _non_default_args(ev: Evidence, n: int, line: str, text: str) -> None:
+def _expand(text: str, variables: dict[str, str]) -> str:
+    """Shell variables set earlier in the paste, expanded (unknown ones are left as they are)."""
+    return _VAR.sub(lambda m: variables.get(m["a"] or m["b"], m.group(0)), text)
+
+
+def _keyword_args(ev: Evidence, n: int, line: str, text: str, pattern: str) -> None:
     for key, (fact, conv) in _ARG_KEYS.items():
-        m = re.search(rf"'{key}': (?P<v>'[^']*'|[\w.+-]+)", text)
-        if m:
+        m = re.search(pattern.format(key=key), text)
+        if m and m["v"] != "None":
             try:
                 ev.add(fact, conv(m["v"].strip("'")), n, line)
             except ValueError:
                 pass
 
 
-def _command_line(ev: Evidence, n: int, line: str, rest: str) -> None:
-    tokens = re.findall(r"""'[^']*'|"[^"]*"|\S+""", rest)
-    if tokens and not tokens[0].startswith("-"):
-        ev.add("model", tokens[0].strip("'\""), n, line)
+def _continues(lines: list[str], n: int) -> bool:
+    """Whether line ``n`` continues a command begun above it (the previous line ends with a backslash)."""
+    return n >= 2 and lines[n - 2].rstrip().endswith("\\")
+
+
+def _command_line(rest: str, bare: bool = False) -> list[tuple[str, Any]]:
+    """What a ``vllm serve`` / api_server / benchmark command line sets; ``bare`` flags pasted alone."""
+    tokens = re.findall(r"""'[^']*'|"[^"]*"|[^\s`]+""", rest)
+    found: list[tuple[str, Any]] = []
+    for i, tok in enumerate(tokens):  # the model: the first word that is not a flag or a flag's value
+        if bare or tok.startswith("\\"):
+            break
+        prev = tokens[i - 1] if i else ""
+        if not tok.startswith("-") and (not prev.startswith("-") or "=" in prev or prev.lstrip("-") in _VALUELESS):
+            found.append(("model", tok.strip("'\"")))
+            break
     for i, tok in enumerate(tokens):
         if not tok.startswith("-"):
             continue
@@ -285,19 +550,72 @@ def _command_line(ev: Evidence, n: int, line: str, rest: str) -> None:
         if not value and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
             value = tokens[i + 1]
         flag = flag.replace("_", "-")
-        if flag in ("kv-transfer-config",):
+        if flag == "kv-transfer-config":
             if m := re.search(r"""kv_connector['"]?\s*:\s*['"](?P<v>\w+)""", rest):
-                ev.add("kv_connector", m["v"], n, line)
+                found.append(("kv_connector", m["v"]))
+        if flag == "enforce-eager":
+            found.append(("enforce_eager", True))
         if flag in _CMD_FLAGS and value:
             fact, conv = _CMD_FLAGS[flag]
             try:
-                ev.add(fact, conv(value.strip("'\"")), n, line)
+                found.append((fact, conv(value.strip("'\""))))
             except ValueError:
                 pass
+    return found
+
+
+def _llm_call(call: str, variables: dict[str, str]) -> list[tuple[str, Any]]:
+    """What an ``LLM(model=..., tensor_parallel_size=...)`` call in a Python reproducer sets."""
+    found: list[tuple[str, Any]] = []
+    m = re.match(r"""\w+\(\s*(?:model\s*=\s*)?(?P<q>["'])(?P<v>[^"']+)(?P=q)""", call) or \
+        re.search(r"""\bmodel\s*=\s*(?P<q>["'])(?P<v>[^"']+)(?P=q)""", call)
+    if m:
+        found.append(("model", m["v"]))
+    elif (m := re.match(r"\w+\(\s*(?:model\s*=\s*)?(?P<v>[A-Za-z_]\w*)\s*[,)]", call) or
+          re.search(r"\bmodel\s*=\s*(?P<v>[A-Za-z_]\w*)\s*[,)]", call)) and m["v"] in variables:
+        found.append(("model", variables[m["v"]]))
+    for key, (fact, conv) in _LLM_KEYS.items():
+        if m := re.search(rf"\b{key}\s*=\s*(?P<v>\.?[\w.]+)", call):
+            try:
+                found.append((fact, conv(m["v"])))
+            except ValueError:
+                pass
+    return found
+
+
+def _outcome(lines: list[str], first: int, last: int) -> str | None:
+    """``works`` / ``fails`` where the paste says so just before or after a command."""
+    near = " ".join(lines[max(0, first - 3):first - 1] + lines[last:last + 2])
+    works = re.search(_WORKS, near, re.IGNORECASE)
+    fails = re.search(_FAILS, near, re.IGNORECASE)
+    if works and not fails:
+        return "works"
+    if fails and not works:
+        return "fails"
+    return None
+
+
+def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
+    """The launch that failed sets the deployment; a launch the paste says works is evidence."""
+    if not commands:
+        return
+    errors = [f.line for f in ev.all("oom") + ev.all("oom_mentioned") + ev.all("kv_capacity_error")]
+    failing = [c for c in commands if c.outcome == "fails"]
+    if failing:
+        chosen = failing[-1]
+    else:
+        pending = [c for c in commands if c.outcome != "works"] or commands
+        before = [c for c in pending if errors and c.line < errors[0]]
+        chosen = before[-1] if before else pending[-1] if not errors else pending[0]
+    for key, value in chosen.facts:
+        ev.add(key, value, chosen.line, chosen.text)
+    for c in commands:
+        if c is not chosen and c.outcome == "works":
+            ev.add("working_launch", dict(c.facts), c.line, c.text)
 
 
 def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
-    """The phase of the traceback around an OOM line: its deepest recognised frame. Tracebacks
+    """The phase of the traceback around an error line: its deepest recognised frame. Tracebacks
     usually end with the error; some logs print the error first, so frames after it count too."""
     before = [f for f in frames if oom_line - reach <= f[0] < oom_line]
     after = [f for f in frames if oom_line < f[0] <= oom_line + reach]

@@ -56,6 +56,33 @@ ERAS = (
 """vllm-ascend's releases by how they plan and allocate a hybrid model's KV cache."""
 
 
+FIXED_IN = ERAS[-2][0]
+"""The first vllm-ascend release that allocates a hybrid model's plan exactly: v0.16.0rc1, with
+vllm-ascend PR #6887 (one buffer per shared tensor). PR #3760 (v0.12.0rc1) halved the waste."""
+FIX_PR = "PR #6887: one buffer per shared tensor"
+
+
+def era_labels() -> list[tuple[str, str, str]]:
+    """Each era as ``(label, block-size rule, built-in strategy)``, e.g. ``vllm-ascend 0.12.0rc1 to
+    before 0.16.0rc1``."""
+    out, start = [], None
+    for end, rule, strategy in ERAS:
+        if start is None:
+            label = f"vllm-ascend before {end}"
+        elif end is None:
+            label = f"vllm-ascend {start} or later"
+        else:
+            label = f"vllm-ascend {start} to before {end}"
+        out.append((label, rule, strategy))
+        start = end
+    return out
+
+
+def is_before_fix(version: str) -> bool:
+    """Whether a vllm-ascend release predates ``FIXED_IN``."""
+    return version_key(version) < version_key(FIXED_IN)
+
+
 def _era(version: str) -> tuple[str | None, str, str]:
     key = version_key(version)
     return next(e for e in ERAS if e[0] is None or key < version_key(e[0]))

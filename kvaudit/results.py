@@ -16,6 +16,16 @@ class Verdict(str, Enum):
     FAIL = "FAIL"
 
 
+DEFAULT_TOLERANCE = 0.005
+"""Relative tolerance: 0.5 % of the planned bytes (``--tolerance``), for every command."""
+
+
+def exceeds_plan(allocated: int, expected: int, tolerance_bytes: int) -> bool:
+    """Over-allocation, as every verdict (audit, triage, check) judges it: more than the tolerance above
+    the plan (``tolerance_bytes`` is set by ``kvaudit.audit``: relative tolerance + alignment allowance)."""
+    return allocated - expected > tolerance_bytes
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """One KV-cache group of vLLM's plan (``KVCacheGroupSpec``)."""
@@ -301,6 +311,11 @@ class AuditResult:
     def ratio(self) -> float:
         """Allocated over expected bytes."""
         return self.allocated_bytes / self.expected_bytes if self.expected_bytes else float("inf")
+
+    @property
+    def over_allocated(self) -> bool:
+        """The verdict's over-allocation rule: allocated bytes exceed the plan by more than the tolerance."""
+        return exceeds_plan(self.allocated_bytes, self.expected_bytes, self.tolerance_bytes)
 
     @property
     def unattributed_bytes(self) -> int:

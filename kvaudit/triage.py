@@ -1,30 +1,46 @@
-"""Triage a pasted out-of-memory report: reconstruct the deployment (each value with its source),
-audit the reported release's allocator and the fixed one, set the prediction against what was
-observed, conclude, and say what to do.
+"""Triage a pasted out-of-memory report: read it (``kvaudit.evidence``), reconstruct the deployment
+(each value with its source), audit every release the report could be running with vLLM's planner
+and the allocation strategies, set the prediction against what was observed, conclude with the
+audit's own verdict policy, and say what to do.
 
-Parsing (``kvaudit.evidence``) imports neither torch nor vLLM; the audit step does.
+Parsing imports neither torch nor vLLM; the audit step does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec
+from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec, preset_for_model
 from kvaudit.errors import ConfigError, UsageError
-from kvaudit.evidence import Evidence, Fact, clean_lines, extract
+from kvaudit.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.spec import ModelSpec, load_model_spec
 from kvaudit.units import fmt_bytes
 
 SCHEMA_VERSION = 1
 OVER_ALLOCATION = "allocator-over-allocation"
+MISMATCH = "allocator-mismatch"
 MATCHES_PLAN = "allocation-matches-plan"
 INSUFFICIENT = "insufficient-information"
-FIXED_RELEASE = "vllm-ascend v0.16.0rc1 (PR #6887: one buffer per shared tensor)"
+
+CAUSES = {
+    "budget-too-small-for-max-model-len": "the KV budget cannot hold one request of the max model length",
+    "another-process": "another process holds device memory outside vLLM's profile",
+    "graph-capture": "CUDA/ACL graph capture, after the KV cache was allocated",
+    "activations-while-serving": "activations while serving requests, outside the KV cache",
+    "memory-profiling": "the profile run's activations, before the KV cache was planned",
+    "weights": "the weights do not fit the device",
+    "budget-did-not-fit": "the KV budget itself did not fit the device when allocated",
+    "utilization-too-high": "the utilization leaves no room for memory vLLM's profile does not see",
+    "not-out-of-memory": "the report shows no out-of-memory error",
+    "unknown": "no phase or figure in the report points at a cause",
+}
+"""What an allocation that matches the plan leaves as the cause, as the report's numbers point to it."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +55,8 @@ class Sourced:
         return {"value": self.value, "source": self.source}
 
 
-def _from(f: Fact, value: Any = None) -> Sourced:
-    return Sourced(f.value if value is None else value, f.source)
+def _from(f: Fact, value: Any = None, note: str = "") -> Sourced:
+    return Sourced(f.value if value is None else value, f.source + note)
 
 
 def _assumed(value: Any, why: str) -> Sourced:
@@ -53,18 +69,26 @@ class Triage:
 
     verdict: str
     factor: float | None
-    """Allocated over planned KV bytes for the reported release, or ``None``."""
+    """Allocated over planned KV bytes for the release the report runs, or ``None``."""
     headline: str
     evidence: tuple[str, ...]
     deployment: dict[str, Sourced]
     comparison: tuple[tuple[str, ...], ...] = ()
-    """Rows of (quantity, predicted for the reported release, predicted for the fix, reported)."""
+    """Rows of (quantity, predicted per audited release..., reported)."""
     comparison_header: tuple[str, ...] = ()
     actions: tuple[str, ...] = ()
     ask_for: tuple[str, ...] = ()
     recommended_utilization: float | None = None
     recommended_kv_cache_memory_bytes: int | None = None
     fixed_in: str | None = None
+    cause: str | None = None
+    """Key of ``CAUSES`` when the allocation matches the plan."""
+    version_needed: bool | None = None
+    """Whether the verdict depends on which release the report runs (``None``: nothing was audited)."""
+    releases: tuple[dict, ...] = ()
+    """Each candidate release audited: label, strategy, ratio, verdict."""
+    planned_with: str | None = None
+    """The vLLM whose planner made the plans (this environment's)."""
     audits: tuple[Any, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict:
@@ -77,7 +101,8 @@ class Triage:
             "actions": list(self.actions), "ask_for": list(self.ask_for),
             "recommended_utilization": self.recommended_utilization,
             "recommended_kv_cache_memory_bytes": self.recommended_kv_cache_memory_bytes,
-            "fixed_in": self.fixed_in,
+            "fixed_in": self.fixed_in, "cause": self.cause, "version_needed": self.version_needed,
+            "releases": list(self.releases), "planned_with_vllm": self.planned_with,
         }
 
     def to_json(self) -> str:
@@ -103,8 +128,12 @@ class Triage:
             out += ["**What to do**", ""] + [f"- {a}" for a in self.actions] + [""]
         if self.ask_for:
             out += ["**Please add to the issue**", ""] + [f"- {a}" for a in self.ask_for] + [""]
-        out.append("<sub>kvaudit triage: figures from vLLM's own planner and kvaudit's allocation strategies on the "
-                   "meta meter (accounting, not a device measurement).</sub>")
+        reported = self.deployment.get("vLLM")
+        planner = (f"planned by vLLM {self.planned_with}'s own planner"
+                   + (f" (the report's vLLM: {reported.value})" if reported else "") if self.planned_with
+                   else "nothing planned")
+        out.append(f"<sub>kvaudit triage: {planner}; allocation strategies run on the meta meter (accounting, "
+                   "not a device measurement).</sub>")
         return "\n".join(out) + "\n"
 
 
@@ -126,26 +155,25 @@ def _show(key: str, value: Any) -> str:
 
 
 def _platform(ev: Evidence) -> str | None:
-    kinds = {f.value for f in ev.facts.get("platform", [])} | {
-        {"npu": "ascend", "cuda": "cuda"}.get(f.value, "") for f in ev.facts.get("device_type", [])}
+    kinds = {f.value for f in ev.all("platform")} | {
+        {"npu": "ascend", "cuda": "cuda"}.get(f.value, "") for f in ev.all("device_type")}
     if "ascend" in kinds:
         return "ascend"
-    return "cuda" if "cuda" in kinds else None
+    if "cuda" in kinds:
+        return "cuda"
+    prose = {f.value for f in ev.all("platform_prose")}  # "NPU", "910B4", "nvidia-smi", "A100" in the text
+    return "ascend" if "ascend" in prose else "cuda" if "cuda" in prose else None
 
 
-def _preset_for(model: str | None) -> str | None:
-    if not model:
-        return None
-    name = re.sub(r"[^a-z0-9.]+", "-", Path(model.rstrip("/")).name.lower())
-    if "qwen3-next" in name:
-        return "qwen3-next"
-    if "llama-3.1-8b" in name or "llama-3-1-8b" in name:
-        return "llama-3.1-8b"
-    return None
+def _platform_source(ev: Evidence, platform: str | None) -> str:
+    for f in ev.all("platform") + ev.all("device_type") + ev.all("platform_prose"):
+        if f.value in (platform, {"ascend": "npu"}.get(platform or "")):
+            return f.source
+    return "assumed"
 
 
 def _device_memory(ev: Evidence, platform: str | None) -> Sourced | None:
-    found = ev.facts.get("device_memory", [])
+    found = ev.all("device_memory")
     exact = [f for f in found if isinstance(f.value, int) and "total memory:" in f.text]
     f = exact[0] if exact else (found[0] if found else None)
     if f is not None and not exact:  # "60.96 GiB total capacity": rounded; a known device's exact figure
@@ -161,113 +189,194 @@ def _device_memory(ev: Evidence, platform: str | None) -> Sourced | None:
                 return Sourced(dev.memory_bytes, f"{total.source} → {dev.name}: {dev.source}")
     if total is not None:
         return Sourced(total.value << 20, f"{total.source} (MiB; torch reports slightly less)")
+    named = ev.first("device_named")
+    if named is not None:
+        dev = DEVICES[named.value]
+        return Sourced(dev.memory_bytes, f"{named.source} → {dev.name} ({dev.source})")
+    nominal = ev.first("device_nominal_gb")
+    if nominal is not None and platform != "ascend":
+        return _from(nominal, nominal.value << 30, f" ({nominal.value} GB as sold; torch reports slightly less)")
     if platform == "ascend":
         d = DEVICES["atlas-a2-64g"]
         return _assumed(d.memory_bytes, f"a 64 GB Atlas A2 card ({d.source})")
     return None
 
 
-def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sourced], list[str], dict]:
-    """Deployment values with their sources, what is missing, and the inputs for the audit."""
+@dataclass(frozen=True)
+class _Inputs:
+    """What the audit needs besides the deployment values."""
+
+    spec: ModelSpec | None
+    platform: str | None
+    release: str | None
+    """The release the report runs: vllm-ascend's on Ascend, vLLM's on CUDA."""
+    family_of: str | None
+    """The preset whose layer kinds stand in for a model kvaudit does not ship (its bytes are not the model's)."""
+    ran: Fact | None
+    """A line showing the deployment got past vLLM's checks (it planned, captured graphs or served)."""
+
+
+def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
+    """The model fact and the preset it names; a title or prose naming a known model counts too."""
+    for f in ev.all("model") + ev.all("model_prose"):
+        match = preset_for_model(f.value)
+        if match is not None:
+            return f, match
+    named = ev.first("model", "model_prose")
+    if named is not None:
+        return named, None
+    for f in ev.all("model_mention"):  # "Running Llama 3 70B on A100": the name with its size
+        match = preset_for_model(f.value)
+        if match is not None:
+            return Fact("model", f.value.strip(), f.line, f.text), match
+    return None, None
+
+
+def _release(ev: Evidence, platform: str | None, values: dict[str, Sourced]) -> str | None:
+    vllm = ev.first("vllm_version", "vllm_image", "vllm_prose")
+    ascend = ev.first("vllm_ascend_version", "vllm_ascend_image", "vllm_ascend_prose")
+    title = ev.first("title_version")
+    if platform == "ascend" and ascend is None and title is not None:
+        ascend = title  # "[Bug]: 0.13.0 qwen3-next-80b oom" in the vllm-ascend tracker
+    elif platform != "ascend" and vllm is None and title is not None:
+        vllm = title
+    if vllm:
+        values["vLLM"] = _from(vllm)
+    if platform == "ascend":
+        if ascend:
+            values["vllm-ascend"] = _from(ascend)
+            return ascend.value
+        if vllm:
+            values["vllm-ascend"] = Sourced(vllm.value, f"assumed: vllm-ascend releases pair with the vLLM of the "
+                                                        f"same version ({vllm.source})")
+            return vllm.value
+        return None
+    return vllm.value if vllm else None
+
+
+def _tp(ev: Evidence, preset: str | None) -> Sourced:
+    tp = ev.first("tp")
+    if tp:
+        return _from(tp)
+    for key, what in (("worker_tp_rank", "TP rank"), ("rank", "rank, no PP or DP given")):
+        ranks = ev.all(key)
+        if key == "rank" and ev.first("pp", "dp"):
+            break
+        if ranks and max(f.value for f in ranks) > 0:  # a paste often shows rank 0 alone: no inference then
+            top = max(ranks, key=lambda f: f.value)
+            tp = 1 << top.value.bit_length()  # TP sizes are powers of two: ranks 0..4 seen means TP 8
+            return _from(top, tp, f" (at least {top.value + 1}: the highest {what} in the report + 1; TP sizes are "
+                                  f"powers of two, so {tp})")
+    fails = ev.first("tp_fails")
+    if fails:
+        return _from(fails, note=" (the TP the report says fails)")
+    count = ev.first("device_count")
+    if count and count.value & (count.value - 1) == 0:
+        return _from(count, note=" (assumed: one rank per device the report names)")
+    if preset:
+        return _assumed(PRESETS[preset].tp, f"the {preset} preset's (as its tutorial deploys it)")
+    return _assumed(1, "no TP in the report")
+
+
+def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sourced], list[str], _Inputs]:
+    """Deployment values with their sources, the questions the report leaves open, and the audit's inputs."""
     values: dict[str, Sourced] = {}
     missing: list[str] = []
     platform = _platform(ev)
     values["platform"] = (Sourced(platform, _platform_source(ev, platform)) if platform
-                          else _assumed(None, "no Ascend or CUDA marker found"))
-    vllm = ev.first("vllm_version")
-    if vllm:
-        values["vLLM"] = _from(vllm)
-    release = None
-    if platform == "ascend":
-        va = ev.first("vllm_ascend_version")
-        if va:
-            values["vllm-ascend"] = _from(va)
-            release = va.value
-        elif vllm:
-            values["vllm-ascend"] = Sourced(vllm.value, f"assumed: vllm-ascend releases pair with the vLLM of the "
-                                                        f"same version ({vllm.source})")
-            release = vllm.value
-        else:
-            missing.append("the vLLM and vllm-ascend versions (`pip list | grep -E 'vllm|torch'`, or the "
-                           "collect_env output)")
-    elif platform == "cuda":
-        release = vllm.value if vllm else None
-        if not vllm:
-            missing.append("the vLLM version (`pip show vllm`)")
-    else:
-        missing.append("the platform and versions: `pip list | grep -E 'vllm|torch'` and the `npu-smi info` or "
-                       "`nvidia-smi` output")
-    model = ev.first("model")
-    preset = _preset_for(model.value if model else None)
+                          else _assumed(None, "no Ascend or CUDA marker found: every platform is audited"))
+    release = _release(ev, platform, values)
+    model, match = _model(ev)
     spec: ModelSpec | None = None
+    family_of = None
+    preset = match[0] if match else None
     if config:
         spec = load_model_spec(config)
         values["model"] = Sourced(spec.name, f"--config {config}" + (f" (report: {model.source})" if model else ""))
-    elif preset:
-        spec = load_preset_spec(PRESETS[preset])
-        values["model"] = Sourced(spec.name, f"{model.source} → kvaudit's {preset} preset config")  # type: ignore[union-attr]
+    elif match and match[1]:
+        spec = load_preset_spec(PRESETS[preset])  # type: ignore[index]
+        values["model"] = _from(model, spec.name, f" → kvaudit's {preset} preset config")  # type: ignore[arg-type]
+    elif match:
+        spec = load_preset_spec(PRESETS[preset])  # type: ignore[index]
+        family_of = preset
+        values["model"] = _from(model, model.value,  # type: ignore[union-attr, arg-type]
+                                f" → same layer kinds as kvaudit's {preset} preset (its sizes are not this model's)")
+        missing.append(f"the model's config.json, for figures in bytes (then: kvaudit triage REPORT --config "
+                       f"config.json); the verdict needs only its layer kinds, which it shares with {preset}")
+    elif model:
+        values["model"] = _from(model)
+        missing.append(f"the config.json of {model.value!r} (then: kvaudit triage REPORT --config config.json): "
+                       "kvaudit ships no config of that family")
     else:
-        what = f"the model {model.value!r}" if model else "the model"
-        missing.append(f"{what}'s config.json (then: kvaudit triage REPORT --config config.json)"
-                       if model else "the model name and its config.json (the `vllm serve` command line)")
-    p = PRESETS.get(preset) if preset else None
-    tp = ev.first("tp")
-    ranks = ev.facts.get("worker_tp_rank", [])
-    if tp:
-        values["tensor parallel size"] = _from(tp)
-    elif ranks and max(f.value for f in ranks) > 0:  # a paste often shows rank 0 alone: no inference then
-        top = max(ranks, key=lambda f: f.value)
-        values["tensor parallel size"] = Sourced(top.value + 1, f"{top.source} (at least: the highest TP rank "
-                                                                "in the report + 1)")
-    elif p:
-        values["tensor parallel size"] = _assumed(p.tp, f"the {preset} preset's (as its tutorial deploys it)")
-    else:
-        values["tensor parallel size"] = _assumed(1, "no TP in the report")
+        missing.append("which model: the `vllm serve` command line, or the model's name and its config.json")
+    exact = None if family_of else preset
+    values["tensor parallel size"] = _tp(ev, exact)
+    for key, name in (("pp", "pipeline parallel size"), ("dp", "data parallel size")):
+        if f := ev.first(key):
+            values[name] = _from(f)
+    p = PRESETS.get(exact) if exact else None
     mml = ev.first("max_model_len")
-    values["max model len"] = (_from(mml) if mml else _assumed(p.max_model_len, f"the {preset} preset's") if p
+    values["max model len"] = (_from(mml) if mml else _assumed(p.max_model_len, f"the {exact} preset's") if p
                                else _assumed(spec.max_position_embeddings if spec else None, "vLLM's default"))
-    util = ev.first("gpu_memory_utilization")
+    util = ev.first("gpu_memory_utilization", "util_fails")
     values["gpu_memory_utilization"] = _from(util) if util else _assumed(0.9, "vLLM's default (not in the report)")
     dev = _device_memory(ev, platform)
     if dev is not None:
         values["device memory"] = dev
-    elif not missing:
-        missing.append("the device memory (`nvidia-smi` or `npu-smi info`)")
-    dtype = ev.first("dtype")
-    if dtype:
-        values["dtype"] = _from(dtype)
-    weights = ev.first("weights")
-    if weights:
-        values["weights"] = _from(weights)
-    avail = ev.first("available_kv")
-    if avail:
-        values["KV budget"] = _from(avail)
+    for key, name in (("dtype", "dtype"), ("kv_cache_dtype", "kv-cache dtype"), ("weights", "weights"),
+                      ("available_kv", "KV budget"), ("enforce_eager", "enforce eager")):
+        if f := ev.first(key):
+            values[name] = _from(f)
     conn = ev.first("kv_connector")
     values["KV transfer"] = (Sourced(True, f"{conn.source} ({conn.value})") if conn
                              else _assumed(False, "no KV connector in the report"))
-    inputs = {"spec": spec, "release": release, "platform": platform}
-    return values, missing, inputs
+    ran = ev.first("served", "captured", "kv_cache_tokens") or next(
+        (f for f in ev.all("error_phase") + ev.all("oom_phase")
+         if f.value in ("CUDA/ACL graph capture", "serving requests", "kv-cache allocation")), None)
+    return values, missing, _Inputs(spec, platform, release, family_of, ran)
 
 
-def _platform_source(ev: Evidence, platform: str | None) -> str:
-    for f in ev.facts.get("platform", []) + ev.facts.get("device_type", []):
-        if f.value in (platform, {"ascend": "npu"}.get(platform or "")):
-            return f.source
-    return "assumed"
+@contextlib.contextmanager
+def _as_it_ran(ran: Fact | None) -> Iterator[None]:
+    """A deployment that evidently ran got past vLLM's max-model-len check (RoPE scaling given on its
+    command line, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``): kvaudit must not refuse it for that."""
+    if ran is None:
+        yield
+        return
+    old = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ALLOW_LONG_MAX_MODEL_LEN", None)
+        else:
+            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = old
 
 
-def _deployment(values: dict[str, Sourced], spec: ModelSpec) -> Deployment:
+def _deployment(values: dict[str, Sourced], inputs: _Inputs) -> Deployment:
     """The deployment the values describe. A reported KV budget fixes the other non-KV memory:
-    vLLM's budget is device memory × utilization − weights − the rest."""
-    v = {k: s.value for k, s in values.items()}
-    args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
-                gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
-                dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")))
+    vLLM's budget is device memory × utilization − weights − the rest. A family stand-in is planned as
+    its preset deploys it: only its layer kinds, hence its allocation ratio, carry over."""
     from kvaudit.plan import make_deployment
 
+    spec = inputs.spec
+    assert spec is not None
+    v = {k: s.value for k, s in values.items()}
+    if inputs.family_of:
+        p = PRESETS[inputs.family_of]
+        return make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, device=p.device,
+                               gpu_memory_utilization=v["gpu_memory_utilization"], kv_transfer=bool(v["KV transfer"]))
+    args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
+                gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
+                dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")),
+                kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1)
+    if args["device_memory_bytes"] is None:
+        args.pop("device_memory_bytes")
+        args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"
     d = make_deployment(spec, **args)
     budget = v.get("KV budget")
-    if budget is None:
+    if budget is None or budget <= 0:
         return d
     overhead = max(0, int(d.device_memory_bytes * d.gpu_memory_utilization) - budget - d.weights_bytes)
     return make_deployment(spec, **args, overhead_bytes=overhead, kv_cache_memory_bytes=budget)
@@ -276,25 +385,69 @@ def _deployment(values: dict[str, Sourced], spec: ModelSpec) -> Deployment:
 # --- the audit, the comparison, the conclusion ------------------------------------------------------
 
 
-def triage(text: str, config: str | None = None) -> Triage:
-    """Read a report, reconstruct its deployment, audit, compare, conclude."""
-    ev = extract(clean_lines(text))
-    if len(ev) == 0:
-        raise UsageError("nothing in the report looks like a vLLM log, a traceback, an smi table or a version list")
+def triage(text: str, config: str | None = None, title: str | None = None,
+           tolerance: float | None = None) -> Triage:
+    """Read a report, reconstruct its deployment, audit, compare, conclude. Text that is not a report at
+    all (no out-of-memory error, vLLM, NPU/GPU or traceback in it) is a usage error."""
+    ev = extract(clean_lines(text), title)
+    if not looks_like_report(text + (title or "")):
+        raise UsageError("nothing in the text mentions an out-of-memory error, vLLM, an NPU or GPU, or a traceback: "
+                         "give the issue's text, startup log or traceback")
     values, missing, inputs = reconstruct(ev, config)
     evidence = _evidence_lines(ev)
-    if missing or inputs["spec"] is None or inputs["release"] is None:
-        if ev.first("oom") is not None and ev.first("oom_phase") is None:
-            missing.append("the whole traceback of the out-of-memory error (which function allocated)")
-        missing.append("the full startup log, from the `vllm serve` command line to the error")
-        shown = {k: v for k, v in values.items() if v.value is not None}
-        return Triage(INSUFFICIENT, None, "Not enough information to reconstruct the deployment and audit its "
-                      "allocator.", tuple(evidence), shown, ask_for=tuple(missing))
-    try:
-        d = _deployment(values, inputs["spec"])
-    except (ConfigError, UsageError) as e:
-        return Triage(INSUFFICIENT, None, f"The reconstructed deployment is not usable: {e.message}",
-                      tuple(evidence), values, ask_for=("the full startup log, from `vllm serve` to the error",))
+    if inputs.spec is None:
+        return _without_plan(ev, values, inputs, evidence, missing)
+    with _as_it_ran(inputs.ran):
+        try:
+            d = _deployment(values, inputs)
+        except (ConfigError, UsageError) as e:
+            return _insufficient(ev, values, missing, evidence, f"The reconstructed deployment is not usable: "
+                                 f"{e.message}", ask=["the full startup log, from `vllm serve` to the error"])
+        if not inputs.family_of:
+            _derived_memory(values, d, ev)
+        return _conclude(ev, d, values, inputs, evidence, missing, tolerance)
+
+
+def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
+                  missing: list[str]) -> Triage:
+    """A report kvaudit cannot plan (no model it knows) still has a verdict when it shows the allocator
+    was not involved: vLLM refused before allocating, the device ran out before the KV cache existed,
+    the out-of-memory line shows the memory held outside this process, or the allocator is upstream
+    vLLM's, which allocates each planned tensor once. Otherwise: the questions to ask."""
+    oom = ev.value("oom")
+    phase = ev.value("oom_phase") or (ev.value("error_phase") if ev.first("oom_mentioned") else None)
+    outside = _held_outside(oom)
+    if ev.first("kv_capacity_error") is not None:
+        why = "vLLM refused to start before allocating any KV cache, so no allocator was involved"
+    elif phase in ("weight loading", "memory profiling", "kv-cache planning"):
+        why = f"the device ran out during {phase}, before any KV cache was allocated, so no allocator was involved"
+    elif outside is not None and oom is not None and outside > 0.5 * oom.total:
+        why = (f"when it ran out, this process's PyTorch held {fmt_bytes(oom.reserved)} of the device's "
+               f"{fmt_bytes(oom.total)}; {fmt_bytes(outside)} was held outside it, more than any allocator of this "
+               "process could account for")
+    elif inputs.platform == "cuda" and (ev.first("oom") or ev.first("oom_mentioned")):
+        why = ("on CUDA the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
+               "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")
+    else:
+        return _insufficient(ev, values, missing, evidence, "Not enough information to reconstruct the deployment "
+                             "and audit its allocator.")
+    u = values["gpu_memory_utilization"].value
+    T = values["device memory"].value if "device memory" in values else None
+    cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, u)
+    headline = f"The allocation is not the cause: {why}; {text}"
+    return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
+                  ask_for=tuple(missing), recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
+                  cause=cause)
+
+
+def _held_outside(oom: Any) -> int | None:
+    """Device memory an out-of-memory message shows outside this process's PyTorch: total − reserved − free."""
+    if oom is None or None in (oom.total, oom.reserved, oom.free):
+        return None
+    return oom.total - oom.reserved - oom.free
+
+
+def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> None:
     values["KV budget"] = values.get("KV budget") or Sourced(
         d.kv_budget_bytes, "derived: device memory × utilization − weights − other non-KV")
     if "weights" not in values:
@@ -302,127 +455,445 @@ def triage(text: str, config: str | None = None) -> Triage:
     values["other non-KV"] = Sourced(d.non_kv_bytes - d.weights_bytes, "derived: device memory × utilization − "
                                      "weights − KV budget" if "available_kv" in ev.facts
                                      else "assumed: kvaudit's default allowance (activations, non-torch)")
-    return _conclude(ev, d, values, inputs, evidence)
+
+
+def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], evidence: list[str], headline: str,
+                  ask: list[str] | None = None, **more: Any) -> Triage:
+    ask_for = list(missing) + list(ask or [])
+    if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:
+        ask_for.append("the whole traceback of the out-of-memory error (which function allocated)")
+    if not ev.first("vllm_version", "vllm_ascend_version"):
+        ask_for.append("the versions: `pip list | grep -E 'vllm|torch'` or the collect_env output")
+    shown = {k: v for k, v in values.items() if v.value is not None}
+    return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)), **more)
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:
     out = []
-    for key, what in (("vllm_ascend_version", "vllm-ascend"), ("vllm_version", "vLLM"), ("oom", "out of memory"),
-                      ("oom_phase", "the traceback is in"), ("kv_cache_tokens", "KV cache tokens"),
-                      ("available_kv", "KV budget"), ("kv_capacity_error", "vLLM refused the budget")):
+    for key, what in (("title", "title"), ("vllm_ascend_version", "vllm-ascend"), ("vllm_ascend_image", "vllm-ascend "
+                      "image"), ("vllm_ascend_prose", "vllm-ascend"), ("vllm_version", "vLLM"), ("vllm_image", "vLLM "
+                      "image"), ("vllm_prose", "vLLM"), ("title_version", "release in the title"),
+                      ("oom", "out of memory"), ("oom_mentioned", "out of memory"), ("oom_phase", "the traceback is in"),
+                      ("error_phase", "the last traceback is in"), ("kv_cache_tokens", "KV cache tokens"),
+                      ("gpu_blocks", "KV cache blocks (V0)"), ("available_kv", "KV budget"),
+                      ("kv_capacity_error", "vLLM refused the budget"), ("served", "it served requests"),
+                      ("captured", "it captured graphs"), ("eager_works", "works with --enforce-eager"),
+                      ("observed_utilization", "observed utilization"), ("cvd_after_import",
+                      "CUDA_VISIBLE_DEVICES set after import")):
         f = ev.first(key)
         if f is not None:
-            shown = f.value if key not in ("oom", "available_kv") else ""
-            out.append(f"{what}{': ' + str(shown) if shown != '' else ''} — line {f.line}: `{f.text[:160]}`")
-    used = ev.facts.get("hbm_used_mb", [])
+            shown = f.value if key not in ("oom", "available_kv", "title", "oom_mentioned", "served", "captured",
+                                           "eager_works", "kv_capacity_error", "cvd_after_import") else ""
+            out.append(f"{what}{': ' + str(shown) if shown != '' else ''} — {_where(f)}")
+    for key, what in (("util_works", "works at gpu_memory_utilization"), ("tp_works", "works at TP"),
+                      ("tp_fails", "fails at TP")):
+        for f in ev.all(key):
+            out.append(f"{what} {f.value} — {_where(f)}")
+    for f in ev.all("working_launch"):
+        out.append(f"a launch the report says works — {_where(f)}")
+    used = ev.all("hbm_used_mb")
     if used:
         top = max(used, key=lambda f: f.value)
-        out.append(f"device memory in use when the smi table was taken: up to {top.value:,} MB — line {top.line}: "
-                   f"`{top.text[:120]}`")
-    for f in ev.facts.get("device_process_mb", []):
-        out.append(f"a process holds {f.value:,} MB of device memory — line {f.line}: `{f.text[:120]}`")
+        out.append(f"device memory in use when the smi table was taken: up to {top.value:,} MB — {_where(top, 120)}")
+    for f in ev.all("device_process_mb"):
+        out.append(f"a process holds {f.value:,} MB of device memory — {_where(f, 120)}")
+    for f in ev.all("other_process"):
+        out.append(f"another process holds {fmt_bytes(f.value)} — {_where(f)}")
     return out
 
 
-def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: dict, evidence: list[str]) -> Triage:
-    from kvaudit.audit import audit_all
-    from kvaudit.meters import MetaMeter
-    from kvaudit.releases import builtin_strategy_for, platform_for
+def _where(f: Fact, width: int = 160) -> str:
+    return ("title" if f.line == 0 else f"line {f.line}") + f": `{f.text[:width]}`"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A release the report may run, and the strategy that allocates as it does."""
+
+    label: str
+    strategy: Any
+    era_end: str | None = None
+
+
+def _candidates(platform: str | None, release: str | None) -> list[_Candidate]:
+    from kvaudit.releases import builtin_strategy_for, era_labels, platform_for
     from kvaudit.strategies import STRATEGIES
 
-    if inputs["platform"] == "ascend":
-        name = builtin_strategy_for(inputs["release"])
-        reported = dataclasses.replace(STRATEGIES[name], platform=platform_for(inputs["release"]))
-        fixed = STRATEGIES["ascend-0.16"]
-        label = f"vllm-ascend {inputs['release']}"
+    if platform == "ascend" and release:
+        s = dataclasses.replace(STRATEGIES[builtin_strategy_for(release)], platform=platform_for(release))
+        return [_Candidate(f"vllm-ascend {release}", s)]
+    cuda = [_Candidate(f"vLLM {release}" if release else "vLLM (any release)", STRATEGIES["vllm"])]
+    if platform == "cuda":
+        return cuda
+    ascend = [_Candidate(label, dataclasses.replace(STRATEGIES[strategy], platform=rule))
+              for label, rule, strategy in era_labels()]
+    return ascend if platform == "ascend" else cuda + ascend
+
+
+_STRATEGY_OF: dict[int, Any] = {}
+"""The strategy object each audited result came from (results carry the strategy's name only)."""
+
+
+def _strategy_of(r: Any) -> Any:
+    return _STRATEGY_OF[id(r)]
+
+
+def _answer(r: Any) -> tuple[str, float]:
+    """The audit's verdict as triage words it, and the ratio to two decimals."""
+    from kvaudit.results import Verdict
+
+    if r.verdict is Verdict.PASS:
+        return MATCHES_PLAN, round(r.ratio, 2)
+    return (OVER_ALLOCATION if r.over_allocated else MISMATCH), round(r.ratio, 2)
+
+
+def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
+              missing: list[str], tolerance: float | None) -> Triage:
+    from kvaudit.audit import audit_all
+    from kvaudit.meters import MetaMeter
+    from kvaudit.plan import vllm_version
+    from kvaudit.results import DEFAULT_TOLERANCE
+
+    tol = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    planned_with = vllm_version()
+    values["vLLM (planned with)"] = Sourced(planned_with, "derived: kvaudit plans with this environment's vLLM"
+                                            + (f"; the report runs {values['vLLM'].value}" if "vLLM" in values else ""))
+    cands = _candidates(inputs.platform, inputs.release)
+    audited: list[tuple[_Candidate, Any]] = []
+    refused: list[str] = []
+    for c in cands:
+        skipped: list[tuple[str, str]] = []
+        try:
+            got = audit_all(d, [c.strategy], MetaMeter(), tol, skipped)
+        except ConfigError as e:
+            refused.append(f"{c.label}: {e.message}")
+            continue
+        if got:
+            audited.append((c, got[0]))
+            _STRATEGY_OF[id(got[0])] = c.strategy
+        else:
+            refused.append(f"{c.label}: {skipped[0][1]}")
+    if not audited:
+        return _insufficient(ev, values, missing, evidence, "vLLM's planner refuses the reconstructed deployment: "
+                             + "; ".join(refused), ask=["the startup log lines with 'Available KV cache memory' or "
+                                                         "'Available memory'"], planned_with=planned_with)
+    releases = tuple({"release": c.label, "strategy": c.strategy.name, "platform_rule": c.strategy.platform,
+                      "ratio": round(r.ratio, 4), "verdict": _answer(r)[0]} for c, r in audited)
+    answers = {_answer(r) for _, r in audited}
+    version_needed = len(answers) > 1
+    chosen, why = (audited[0], None) if not version_needed else _choose(ev, audited, d)
+    if chosen is None:
+        rows, header = _comparison(ev, d, audited, inputs)
+        ask = [f"which {'vllm-ascend' if inputs.platform == 'ascend' else 'vLLM / vllm-ascend'} release runs: "
+               "`pip show vllm-ascend vllm`, or the container image tag; the verdict depends on it ("
+               + "; ".join(f"{c.label}: {r.ratio:.2f}×" for c, r in audited) + ")"]
+        return _insufficient(ev, values, missing, evidence, "The verdict depends on the release, and the report does "
+                             "not say which one runs.", ask=ask, comparison=tuple(rows), comparison_header=header,
+                             version_needed=True, releases=releases, planned_with=planned_with,
+                             audits=tuple(r for _, r in audited))
+    cand, r = chosen
+    verdict, factor = _answer(r)
+    fixed = _fixed(audited, cands, inputs, d, tol) if verdict != MATCHES_PLAN else None
+    shown = [chosen] + ([fixed] if fixed is not None and fixed[1] is not r else [])
+    rows, header = _comparison(ev, d, shown, inputs)
+    notes = []
+    if not version_needed and len(audited) > 1:
+        notes.append("The release is not needed for this verdict: every release audited ("
+                     + ", ".join(c.label for c, _ in audited) + f") allocates {factor:.2f}× the plan.")
+    elif not version_needed and inputs.release is None and inputs.platform == "cuda":
+        notes.append("The vLLM release is not needed for this verdict: upstream vLLM allocates each planned tensor "
+                     "once in every release kvaudit audits.")
+    if why:
+        notes.append(why)
+    if inputs.family_of:
+        notes.append(f"The model is not one kvaudit ships; the ratio is that of kvaudit's {inputs.family_of} preset, "
+                     "whose layer kinds it shares, so figures in bytes are that preset's, not the model's.")
+    if refused:
+        notes.append("Not audited: " + "; ".join(refused) + ".")
+    if verdict == MATCHES_PLAN:
+        T = (values["device memory"].value if "device memory" in values
+             else None if inputs.family_of else d.device_memory_bytes)
+        if "KV budget" not in values and not inputs.family_of:
+            values["KV budget"] = Sourced(d.kv_budget_bytes, "derived")
+        cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, d.gpu_memory_utilization)
+        headline = (f"{cand.label}'s allocator allocates exactly what vLLM planned ({factor:.2f}×); {text}")
+        fixed_in = None
     else:
-        reported = fixed = STRATEGIES["vllm"]
-        label = f"vLLM {inputs['release']}"
-    same = (reported.name, reported.platform) == (fixed.name, fixed.platform)
-    try:
-        results = audit_all(d, [reported] if same else [reported, fixed], MetaMeter())
-    except ConfigError as e:
-        return Triage(INSUFFICIENT, None, f"vLLM's planner refuses the reconstructed budget: {e.message}",
-                      tuple(evidence), values, ask_for=("the startup log lines with 'Available KV cache memory' "
-                                                        "or 'Available memory'",))
-    r, f = results[0], results[-1]
-    factor = round(r.ratio, 4)
-    oom = ev.value("oom")
-    phase = ev.value("oom_phase")
-    T, u, non_kv, A = d.device_memory_bytes, d.gpu_memory_utilization, d.non_kv_bytes, d.kv_budget_bytes
-    audited = [r] if r is f else [r, f]
-    header = ("quantity", f"predicted: {label} ({reported.name})",
-              *([f"predicted: fixed ({fixed.name})"] if r is not f else []), "reported")
-    rows = [("KV cache allocated", *(fmt_bytes(a.allocated_bytes) for a in audited), "—"),
-            ("device memory in use", *(f"{fmt_bytes(a.projected_bytes)} ({a.projected_utilization:.3f})"
-                                       for a in audited), _reported_use(ev, T)),
-            ("out of memory", *(_projected_oom(a) for a in audited), _reported_oom(oom, phase))]
+        cause = None
+        headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
+    return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
+                  header, tuple(actions), tuple(m for m in missing if inputs.family_of), rec_u, rec_kv, fixed_in,
+                  cause, version_needed, releases, planned_with, tuple(r for _, r in audited))
+
+
+def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
+            d: Deployment) -> tuple[tuple[_Candidate, Any] | None, str | None]:
+    """Where releases disagree and the report names none, the report's own figures may tell them apart:
+    the KV-cache size it logged, or the share of the device it says was used."""
+    from kvaudit.capacity import capacity
+
     tokens = ev.first("kv_cache_tokens")
-    if tokens is not None:  # "GPU KV cache size": num_blocks // groups × block size (vLLM's own formula)
-        rows.insert(0, ("KV cache size (tokens)",
-                        *(f"{a.plan.num_blocks // len(a.plan.groups) * a.plan.block_size:,}" for a in audited),
-                        f"{tokens.value:,} (line {tokens.line})"))
-    actions: list[str] = []
-    rec_u = rec_kv = None
-    if r.ratio > 1.005:
-        verdict = OVER_ALLOCATION
+    if tokens is not None:
+        hits = [(c, r) for c, r in audited if abs(capacity(r.plan).tokens - tokens.value) <= 0.005 * tokens.value]
+        if hits and len({_answer(r) for _, r in hits}) == 1:
+            return hits[0], (f"The release is inferred from the report's KV cache size ({tokens.value:,} tokens, "
+                             f"line {tokens.line}): only the plan of {', '.join(c.label for c, _ in hits)} holds that.")
+    seen = ev.first("observed_utilization")
+    if seen is not None:
+        asked, observed = seen.value
+        use = {c.label: _projected_use(r, d, asked) for c, r in audited}
+        near = [(c, r) for c, r in audited if abs(use[c.label] - observed) <= 0.03]
+        if near and len({_answer(r) for _, r in near}) == 1:
+            at = f" at {asked}" if asked is not None else ""
+            return near[0], (f"The release is inferred from the use the report observed ({observed} of the device{at}, "
+                             f"{_where(seen, 120)}): {', '.join(x.label for x, _ in near)} would use "
+                             f"{use[near[0][0].label]:.3f}{at}; " + ", ".join(
+                                 f"{x.label} {use[x.label]:.3f}" for x, _ in audited if (x, _) not in near) + ".")
+    return None, None
+
+
+def _projected_use(r: Any, d: Deployment, util: float | None) -> float:
+    """The share of the device a strategy's allocation of vLLM's plan takes at ``util`` (the audited one
+    when ``None``): each planned by vLLM and allocated on ``meta``."""
+    from kvaudit.audit import dry_run
+    from kvaudit.plan import build_plan
+
+    if util is None or util == d.gpu_memory_utilization:
+        return r.projected_utilization
+    at = dataclasses.replace(d, gpu_memory_utilization=util, kv_cache_memory_bytes=None)
+    strategy = _strategy_of(r)
+    plan = build_plan(at, strategy.platform)
+    return (at.non_kv_bytes + dry_run(plan, strategy, at.kv_transfer).total_bytes) / at.device_memory_bytes
+
+
+def _fixed(audited: list[tuple[_Candidate, Any]], cands: list[_Candidate], inputs: _Inputs, d: Deployment,
+           tol: float) -> tuple[_Candidate, Any] | None:
+    """The release that fixes an allocator finding (the newest era), audited on the same deployment."""
+    from kvaudit.audit import audit_all
+    from kvaudit.meters import MetaMeter
+    from kvaudit.releases import era_labels
+    from kvaudit.strategies import STRATEGIES
+
+    if inputs.platform != "ascend":
+        return None
+    label, rule, strategy = era_labels()[-1]
+    for c, r in audited:
+        if c.strategy.name == strategy and c.strategy.platform == rule:
+            return c, r
+    s = dataclasses.replace(STRATEGIES[strategy], platform=rule)
+    got = audit_all(d, [s], MetaMeter(), tol, [])
+    return (_Candidate(label, s), got[0]) if got else None
+
+
+def _allocator_finding(cand: _Candidate, r: Any, fixed: tuple[_Candidate, Any] | None, d: Deployment,
+                       inputs: _Inputs, verdict: str) -> tuple[str, list[str], float | None, int | None, str | None]:
+    from kvaudit.releases import FIX_PR, FIXED_IN, is_before_fix
+
+    T, u, non_kv = d.device_memory_bytes, d.gpu_memory_utilization, d.non_kv_bytes
+    factor = r.ratio
+    if verdict == OVER_ALLOCATION:
         effect = (f"it would need {r.projected_utilization:.3f} of the device, so the device runs out of memory "
                   "while allocating the KV cache" if r.oom else
                   f"the {u} asked for becomes {r.projected_utilization:.3f} of the device")
-        headline = (f"{label}'s KV-cache allocator gives this model {factor:.2f}× the memory vLLM planned "
-                    f"({fmt_bytes(r.allocated_bytes)} for a plan of {fmt_bytes(r.expected_bytes)}), the class of "
-                    f"vllm-ascend issue #3368: {effect}.")
-        fixed_in = FIXED_RELEASE if inputs["platform"] == "ascend" else None
-        rec_kv = int((u * T - non_kv) / r.ratio)
+        what = (f"gives this model {factor:.2f}× the memory vLLM planned ({fmt_bytes(r.allocated_bytes)} for a plan "
+                f"of {fmt_bytes(r.expected_bytes)}), the class of vllm-ascend issue #3368: {effect}.")
+    else:
+        what = "does not allocate what vLLM planned: " + "; ".join(r.reasons) + "."
+    headline = f"{cand.label}'s KV-cache allocator {what}"
+    before_fix = inputs.platform == "ascend" and fixed is not None and fixed[1].verdict.value == "PASS" and (
+        is_before_fix(inputs.release) if inputs.release else cand.strategy.name != fixed[0].strategy.name)
+    fixed_in = f"vllm-ascend v{FIXED_IN} ({FIX_PR})" if before_fix else None
+    actions: list[str] = []
+    rec_u = rec_kv = None
+    if fixed_in:
+        actions.append(f"Upgrade to {fixed_in}; it allocates exactly the plan ({fixed[1].ratio:.2f}×).")  # type: ignore[index]
+        if cand.strategy.name == "ascend-0.11":
+            actions.append("vllm-ascend v0.12.0rc1 (PR #3760) already halves the waste (2×), but does not remove it.")
+    else:
+        actions.append("The release the report runs is not older than kvaudit's known fix; report the audit "
+                       "(`kvaudit audit` with this deployment) to the allocator's maintainers.")
+    if verdict == OVER_ALLOCATION and not inputs.family_of:
+        rec_kv = int((u * T - non_kv) / factor)
         if rec_kv > 0:
             rec_u = round((non_kv + rec_kv) / T - 0.0005, 3)
-            actions.append(f"Upgrade to {fixed_in}; it allocates exactly the plan "
-                           f"({f.ratio:.2f}×)." if fixed_in else "Use an allocator that shares tensors as planned.")
-            if reported.name == "ascend-0.11":
-                actions.append("vllm-ascend v0.12.0rc1 (PR #3760) already halves the waste (2×), but does not remove it.")
             actions.append(f"With the installed release, keep the real use at the {u} asked for: "
                            f"`--gpu-memory-utilization {rec_u}`, or `--kv-cache-memory={rec_kv}` "
                            f"({fmt_bytes(rec_kv)}) where the release supports that flag; the KV cache then holds "
-                           f"{1 / r.ratio:.0%} of the blocks it would with the fix.")
+                           f"{1 / factor:.0%} of the blocks it would with the fix.")
         else:
-            actions.append(f"Upgrade to {fixed_in}: with the installed release no utilization keeps the real use "
-                           f"at {u} (the weights and other non-KV memory alone take {fmt_bytes(non_kv)}).")
+            rec_kv = None
+            actions.append(f"With the installed release no utilization keeps the real use at {u} (the weights and "
+                           f"other non-KV memory alone take {fmt_bytes(non_kv)}).")
+    return headline, actions, rec_u, rec_kv, fixed_in
+
+
+def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
+           u: float) -> tuple[str, str, list[str], float | None, int | None]:
+    """What the numbers point to when the allocator is not the cause (device memory ``T``, utilization
+    ``u``), and what to do about it."""
+    oom = ev.value("oom")
+    phase_f = ev.first("oom_phase", "error_phase")
+    phase = phase_f.value if phase_f else None
+    if phase is None and ev.first("capture_started") and (oom or ev.first("oom_mentioned")):
+        phase = "CUDA/ACL graph capture"  # "Capturing cudagraphs ..." was the last step logged before the error
+    weights = _weights_from_name(values)
+    outside = _held_outside(oom)
+    budget = values.get("KV budget")
+    A = budget.value if budget is not None else None
+    actions: list[str] = []
+    rec_u = rec_kv = None
+    others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
+    other = ev.first("other_process")
+    startup = ev.first("startup_free")
+    if ev.first("kv_capacity_error") is not None:
+        cause = "budget-too-small-for-max-model-len"
+        est = ev.first("estimated_max_model_len")
+        need, have = ev.value("kv_needed"), ev.value("available_kv")
+        mml = values["max model len"].value or ev.value("max_model_len")
+        text = (f"vLLM refused to start because {CAUSES[cause]} ({mml:,} tokens"
+                + (f": {fmt_bytes(need)} needed, {fmt_bytes(have)} available" if need and have else "") + ").")
+        if est is not None:
+            actions.append(f"`--max-model-len {est.value}` (vLLM's own estimate, {_where(est, 80)}), or more memory "
+                           "for the KV cache (a higher `--gpu-memory-utilization`, a larger TP).")
+        else:
+            actions.append("Lower `--max-model-len`, or give the KV cache more memory: a higher "
+                           "`--gpu-memory-utilization` or a larger TP.")
+        if need and have and T:
+            rec_u = round(min(1.0, u + (need - have) / T + 0.0005), 3)
+            if rec_u < 1.0:
+                actions.append(f"At this max model len the budget must grow by {fmt_bytes(need - have)}: "
+                               f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
+            else:
+                rec_u = None
+    elif others or other or (startup is not None and T and startup.value < u * T) or (
+            outside is not None and outside > 0.25 * oom.total):
+        cause = "another-process"
+        if others:
+            held = f"{max(o.value for o in others):,} MB ({_where(others[0], 100)})"
+        elif other:
+            held = f"{fmt_bytes(other.value)} ({_where(other, 100)})"
+        elif outside is not None and outside > 0.25 * oom.total:
+            held = (f"{fmt_bytes(outside)} of {fmt_bytes(oom.total)}: what this process's PyTorch did not hold when it "
+                    f"ran out ({_where(ev.first('oom'), 100)})")  # type: ignore[arg-type]
+        else:
+            held = f"all but {fmt_bytes(startup.value)} free at start-up ({_where(startup, 100)})"  # type: ignore[union-attr]
+        text = f"the device ran out because another process holds {held}, outside vLLM's profile."
+        actions.append("Free the device (stop the other process, or give each service its own devices), or lower "
+                       "`--gpu-memory-utilization` by the other process's share of the device.")
+    elif phase == "CUDA/ACL graph capture" or ev.first("eager_works") is not None:
+        cause = "graph-capture"
+        text = f"the device ran out during {CAUSES[cause]}" + (
+            f" (the report says it works with --enforce-eager: {_where(ev.first('eager_works'), 80)})"  # type: ignore[arg-type]
+            if ev.first("eager_works") else "") + "."
+        actions.append("Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` "
+                       "(fewer capture sizes), or `--enforce-eager` at some decode speed.")
+    elif phase == "serving requests":
+        cause = "activations-while-serving"
+        text = f"the device ran out during {CAUSES[cause]}."
+        actions.append("Leave activations room: a lower `--gpu-memory-utilization`, or smaller "
+                       "`--max-num-batched-tokens` / `--max-num-seqs`; very long prompts need chunked prefill.")
+    elif phase == "memory profiling":
+        cause = "memory-profiling"
+        text = f"the device ran out during {CAUSES[cause]}."
+        actions.append("Lower `--max-num-batched-tokens` or `--max-num-seqs` (the profile run's batch), or free "
+                       "the device of other memory.")
+    elif phase == "weight loading" or (weights is not None and T and weights[0] > T):
+        cause = "weights"
+        size = f" ({weights[1]})" if weights is not None else ""
+        text = f"the device ran out during weight loading: {CAUSES[cause]} at this TP{size}."
+        actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
+    elif phase == "kv-cache allocation":
+        cause = "budget-did-not-fit"
+        text = (f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's profile "
+                f"(non-torch allocations, another process) or a utilization too close to 1.")
+    elif u >= 0.95 or any(f.value < u for f in ev.all("util_works")):
+        cause = "utilization-too-high"
+        works = [f for f in ev.all("util_works") if f.value < u]
+        text = (f"the device ran out at `--gpu-memory-utilization {u}`: {CAUSES[cause]} (non-torch allocations, "
+                "communication buffers, fragmentation)" + (f"; the report says {max(w.value for w in works)} works "
+                                                            f"({_where(works[0], 80)})" if works else "") + ".")
+        actions.append("Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
+                       "device keeps a few GiB free.")
+    elif oom is None and ev.first("oom_mentioned") is None:
+        cause = "not-out-of-memory"
+        text = "the report shows no out-of-memory error, so nothing points at the KV cache."
     else:
-        verdict = MATCHES_PLAN
-        fixed_in = None
-        shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
-        where = f"during {phase}" if phase else "(no traceback phase found)"
-        if oom is None:
-            headline = (f"{label}'s allocator allocates exactly the plan ({factor:.2f}×); the report shows no "
-                        "out-of-memory error, so nothing points at the KV cache.")
-        elif phase == "kv-cache allocation":
-            others = ev.facts.get("device_process_mb", [])
-            cause = (f"another process holds {max(o.value for o in others):,} MB of the device (line "
-                     f"{others[0].line}), outside vLLM's profile" if len(others) >= 1 and not _is_vllm(others[0])
-                     else "memory outside vLLM's profile (another process, non-torch allocations) or a "
-                          "utilization too close to 1")
-            headline = (f"{label}'s allocator allocates exactly the plan ({factor:.2f}×), yet the device ran out "
-                        f"{where}: the budget itself did not fit; {cause}.")
+        cause = "unknown"
+        text = f"nothing in the allocator to fix; {CAUSES[cause]}."
+    shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
+    if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
+        margin = int(shortfall * 1.1) + (256 << 20)
+        rec_kv = A - margin
+        if rec_kv > 0:
+            rec_u = round(u - margin / T - 0.0005, 3)
+            actions.append(f"Free {fmt_bytes(margin)} for it (the failing request needed {fmt_bytes(shortfall)} "
+                           f"more than was free, plus 10 % and 256 MiB): `--gpu-memory-utilization {rec_u}`, or "
+                           f"`--kv-cache-memory={rec_kv}` ({fmt_bytes(rec_kv)}).")
         else:
-            headline = (f"{label}'s allocator allocates exactly the plan ({factor:.2f}×); the device ran out {where},"
-                        f" outside the KV-cache allocation: the {u} utilization left too little for it.")
-        if shortfall is not None and shortfall > 0:
-            margin = int(shortfall * 1.1) + (256 << 20)
-            rec_kv = A - margin
-            if rec_kv > 0:
-                rec_u = round(u - margin / T - 0.0005, 3)
-                actions.append(f"Free {fmt_bytes(margin)} for it (the failing request needed {fmt_bytes(shortfall)} "
-                               f"more than was free, plus 10 % and 256 MiB): `--gpu-memory-utilization {rec_u}`, or "
-                               f"`--kv-cache-memory={rec_kv}` ({fmt_bytes(rec_kv)}).")
-        if not actions:
-            actions.append("Nothing in the allocator to fix; if memory use still looks wrong, compare "
-                           "`npu-smi info`/`nvidia-smi` with the 'device memory in use' prediction above.")
-    return Triage(verdict, factor, headline, tuple(evidence), values, tuple(rows), header, tuple(actions), (),
-                  rec_u, rec_kv, fixed_in, tuple(results))
+            rec_kv = None
+    works = [f.value for f in ev.all("util_works") if f.value < u]
+    if works and rec_u is None and T:
+        actions.append(f"The report says it works at `--gpu-memory-utilization {max(works)}`; that leaves "
+                       f"{fmt_bytes(int((u - max(works)) * T))} for what ran out.")
+    if not actions:
+        actions.append("Nothing in the allocator to fix; if memory use still looks wrong, compare "
+                       "`npu-smi info`/`nvidia-smi` with the 'device memory in use' prediction above.")
+    return cause, text, actions, rec_u, rec_kv
 
 
-def _is_vllm(f: Fact) -> bool:
-    return "vllm" in f.text.lower()
+def _weights_from_name(values: dict[str, Sourced]) -> tuple[int, str] | None:
+    """Weights per rank from the parameter count a model's name states ("Llama 3 70B": 70e9 × 2 bytes in
+    16 bits) over the TP, with the text that says so; ``None`` when the name states none."""
+    model = values.get("model")
+    if model is None or not isinstance(model.value, str):
+        return None
+    name = model.value.lower()
+    m = re.search(r"(?<![a-z\d.])(?:(\d+)x)?(\d+(?:\.\d+)?)b(?![a-z])", name)
+    if m is None:
+        return None
+    params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)
+    width = 0.5 if re.search(r"awq|gptq|int4|4bit|w4a16", name) else 1 if re.search(r"fp8|int8|w8a8", name) else 2
+    tp = values["tensor parallel size"].value if "tensor parallel size" in values else 1
+    per_rank = int(params * width / tp)
+    return per_rank, (f"{m.group(0).upper()} parameters × {width:g} bytes / TP {tp} = {fmt_bytes(per_rank)} per device, "
+                      f"from the model's name")
+
+
+def _comparison(ev: Evidence, d: Deployment, audited: list[tuple[_Candidate, Any]],
+                inputs: _Inputs) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
+    """Rows of predicted figures per audited release beside what the report shows."""
+    from kvaudit.capacity import capacity
+
+    header = ("quantity", *(f"predicted: {c.label} ({c.strategy.name})" for c, _ in audited), "reported")
+    rows = [("allocated / planned", *(f"{r.ratio:.2f}×" for _, r in audited), "—")]
+    if inputs.family_of:  # bytes would be the stand-in preset's, not the model's
+        return rows, header
+    T = d.device_memory_bytes
+    oom, phase = ev.value("oom"), ev.value("oom_phase")
+    rows += [("KV cache allocated", *(fmt_bytes(r.allocated_bytes) for _, r in audited), "—"),
+             ("device memory in use", *(f"{fmt_bytes(r.projected_bytes)} ({r.projected_utilization:.3f})"
+                                        for _, r in audited), _reported_use(ev, T)),
+             ("out of memory", *(_projected_oom(r) for _, r in audited), _reported_oom(oom, phase))]
+    tokens = ev.first("kv_cache_tokens")
+    said = f"{tokens.value:,} (line {tokens.line})" if tokens else "—"
+    rows.insert(1, (f"KV cache size (tokens): vLLM {_planner()}'s get_kv_cache_capacity",
+                    *(f"{capacity(r.plan).tokens:,}" for _, r in audited), said))
+    if any(len(r.plan.groups) > 1 for _, r in audited):  # hybrids: older vLLM logged another figure
+        rows.insert(2, ("KV cache size (tokens): num_blocks // groups × smallest block, as vLLM logged it until "
+                        "vllm#40691", *(f"{legacy_logged_tokens(r.plan):,}" for _, r in audited), said))
+    return rows, header
+
+
+def legacy_logged_tokens(plan: Any) -> int:
+    """The "GPU KV cache size" older vLLM releases logged (0.19 among them, vllm issue #40691):
+    ``num_blocks // len(groups) × smallest block size``, which is not the capacity for hybrid models."""
+    return plan.num_blocks // len(plan.groups) * min(g.block_size for g in plan.groups)
+
+
+def _planner() -> str:
+    from kvaudit.plan import vllm_version
+
+    return vllm_version() or "?"
 
 
 def _projected_oom(r: Any) -> str:
@@ -445,9 +916,10 @@ def _reported_oom(oom: Any, phase: str | None) -> str:
 
 
 def _reported_use(ev: Evidence, total: int) -> str:
-    used = ev.facts.get("hbm_used_mb", [])
+    used = ev.all("hbm_used_mb")
+    seen = ev.first("observed_utilization")
     if not used:
-        return "—"
+        return f"{seen.value[1]} ({_where(seen, 60)})" if seen else "—"
     top = max(used, key=lambda f: f.value)
     b = top.value << 20
     return f"{fmt_bytes(b)} ({b / total:.3f}) in the smi snapshot (line {top.line})"

@@ -40,8 +40,10 @@ def test_buggy_release_over_allocates_4x():
     assert d["vllm-ascend"].value == "0.11.0" and d["vllm-ascend"].source.startswith("line 20:")
     assert d["tensor parallel size"].value == 4 and d["KV budget"].value == A
     assert d["device memory"].value == T_A2
-    rows = {r[0]: r for r in t.comparison}
-    assert rows["KV cache size (tokens)"][1] == "339,072" and rows["KV cache size (tokens)"][-1].startswith("339,072")
+    rows = {r[0].split(":")[0] + (":legacy" if "vllm#40691" in r[0] else ""): r for r in t.comparison}
+    # this report's vLLM 0.11 logged num_blocks // groups × block size; both figures are shown
+    assert rows["KV cache size (tokens):legacy"][1] == "339,072"
+    assert rows["KV cache size (tokens):legacy"][-1].startswith("339,072")
     assert "at allocation 21 of 60" in rows["out of memory"][1] and "kv-cache allocation" in rows["out of memory"][-1]
     assert any("PR #3760" in a for a in t.actions)
 
@@ -71,25 +73,25 @@ def test_fixed_release_with_a_budget_that_did_not_fit():
 def test_cuda_report_out_of_memory_in_graph_capture():
     t = _triage("cuda-0.23-llama-graph-oom.log")
     assert t.verdict == MATCHES_PLAN and t.factor == pytest.approx(1.0)
-    assert "graph capture" in t.headline and "outside the KV-cache allocation" in t.headline
+    assert "graph capture" in t.headline and "after the KV cache was allocated" in t.headline and t.cause == "graph-capture"
     assert t.deployment["platform"].value == "cuda" and t.deployment["vLLM"].value == "0.23.0"
     assert t.deployment["KV budget"].value == round(57.53 * GiB)
     assert t.recommended_utilization == 0.939
-    rows = {r[0]: r for r in t.comparison}
-    assert rows["KV cache size (tokens)"][1] == "471,280"
+    rows = {r[0].split(":")[0]: r for r in t.comparison}
+    assert rows["KV cache size (tokens)"][1] == "471,280"  # one group: every vLLM logs the same figure
 
 
 def test_too_little_information_says_what_to_ask_for():
     t = _triage("too-little.log")
     assert t.verdict == INSUFFICIENT and t.factor is None and t.recommended_utilization is None
     asks = " ".join(t.ask_for)
-    assert "vllm-ascend versions" in asks and "config.json" in asks and "traceback" in asks
+    assert "versions" in asks and "which model" in asks and "traceback" in asks
 
 
 def test_markdown_is_ready_to_paste():
     md = _triage("ascend-0.11-qwen3-next-oom.log").to_markdown()
     assert md.startswith("### kvaudit triage: allocator-over-allocation (4.00×)")
-    assert "| tensor parallel size | 4 | line 43:" in md and "**What to do**" in md
+    assert "| tensor parallel size | 4 | line 48:" in md and "**What to do**" in md
     assert "meta meter (accounting, not a device measurement)" in md
 
 
@@ -164,7 +166,7 @@ def test_cli_reads_stdin(capsys, monkeypatch):
     (b"   \n\n  \t\n", "is empty"),
     (b"\x7fELF\x02\x01\x01\x00\x00\x00\x00" + bytes(range(256)) * 10, "binary"),
     ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.\nSed do eiusmod tempor.\n".encode() * 50,
-     "nothing in the report looks like a vLLM log"),
+     "nothing in the text mentions an out-of-memory error, vLLM"),
 ])
 def test_unusable_input_is_one_line_and_exit_2(tmp_path, capsys, content, message):
     p = tmp_path / "report.txt"
