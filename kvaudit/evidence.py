@@ -134,7 +134,8 @@ def looks_like_report(text: str) -> bool:
     return _REPORT_WORDS.search(text) is not None
 
 
-_OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOM(?![A-Za-z])|Tried to allocate|显存不足|内存不足",
+_OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOMs?(?![A-Za-z])|Tried to allocate|显存不足|内存不足|"
+                        r"显存耗尽|显存溢出",
                         re.IGNORECASE)
 _TITLE = re.compile(r"^\s*(?:#+\s*)?\[(?:Bug|Usage|Performance|Feature|Misc|Installation|Doc|RFC|Question)\]",
                     re.IGNORECASE)
@@ -268,10 +269,12 @@ _SIMPLE = [
      lambda m: m.group(0)),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:NPUs?|Ascend|910[BC]\d?)(?![A-Za-z0-9])|昇腾|npu-smi|vllm[-_]ascend",
                                   re.IGNORECASE), lambda m: "ascend"),
-    ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:CUDA|NVIDIA|GeForce|[AHL]\d{2,3}S?)(?![A-Za-z0-9])|nvidia-smi",
-                                  re.IGNORECASE), lambda m: "cuda"),
+    ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:CUDA|NVIDIA|GeForce|[AHL]\d{2,3}S?|(?:RTX ?)?[2345]090s?)(?![A-Za-z0-9])"
+                                  r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda"),
     ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
      lambda m: int(m["v"])),
+    ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
+                                r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"])),
 ]
 _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d+)(?:_[A-Z]+\d+)* pid=\d+\)")
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d+)\]:|\brank=(?P<w>\d+)\b")
@@ -299,12 +302,12 @@ _NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "3090": 24, "4090": 24, "5090":
 
 # facts people state in prose
 _WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|succeed(?:s|ed)?|successful(?:ly)?|" \
-         r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|正常|成功|解决|可以)"
+         r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|it startup|it starts|starts up|started up|" \
+         r"能拉|正常|成功|解决|可以)"
 _FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
 _PROSE_FACTS = [
-    ("eager_works", re.compile(rf"(?:--enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
-                               rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*(?:--enforce[-_]eager|enforce_eager|eager "
-                               r"mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
+    ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
+                               rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
      lambda m: True),
     ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d+)\b[^.\n,;]{{0,20}}?{_WORKS}",
                             re.IGNORECASE), lambda m: int(m["v"])),
@@ -323,6 +326,8 @@ _PROSE_FACTS = [
     ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
                                  r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
                                  r"(?:GB|GiB|G)\b", re.IGNORECASE), lambda m: round(float(m["v"]) * GiB)),
+    ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never) (?:release|free)s?\b[^.\n]{0,30}?"
+                                r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放", re.IGNORECASE), lambda m: m.group(0)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
                                     r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True),
     ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
@@ -335,7 +340,8 @@ _PROSE_FACTS = [
 PHASES = {
     "kv-cache allocation": ("_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "allocate_kv_cache",
                             "initialize_kv_cache_tensors_deepseek_mla", "initialize_kv_cache_tensors_deepseek_sfa",
-                            "initialize_kv_cache", "_allocate_kv_cache", "initialize_cache", "_init_cache_engine"),
+                            "initialize_kv_cache", "_allocate_kv_cache", "initialize_cache", "_init_cache_engine",
+                            "initialize_from_config"),
     "kv-cache planning": ("check_enough_kv_cache_memory", "_check_enough_kv_cache_memory", "get_kv_cache_config",
                           "get_kv_cache_configs", "_raise_insufficient_kv_cache_memory"),
     "CUDA/ACL graph capture": ("capture_model", "_capture_cudagraphs", "capture_graph", "_capture_aclgraphs"),

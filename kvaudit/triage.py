@@ -89,6 +89,8 @@ class Triage:
     """Each candidate release audited: label, strategy, ratio, verdict."""
     planned_with: str | None = None
     """The vLLM whose planner made the plans (this environment's)."""
+    phase: str | None = None
+    """Where the report's error happened (``kvaudit.evidence.PHASES``), when the report shows it."""
     audits: tuple[Any, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict:
@@ -102,7 +104,7 @@ class Triage:
             "recommended_utilization": self.recommended_utilization,
             "recommended_kv_cache_memory_bytes": self.recommended_kv_cache_memory_bytes,
             "fixed_in": self.fixed_in, "cause": self.cause, "version_needed": self.version_needed,
-            "releases": list(self.releases), "planned_with_vllm": self.planned_with,
+            "releases": list(self.releases), "planned_with_vllm": self.planned_with, "phase": self.phase,
         }
 
     def to_json(self) -> str:
@@ -258,20 +260,26 @@ def _tp(ev: Evidence, preset: str | None) -> Sourced:
     tp = ev.first("tp")
     if tp:
         return _from(tp)
-    for key, what in (("worker_tp_rank", "TP rank"), ("rank", "rank, no PP or DP given")):
+    count = ev.first("device_count")
+    if count is not None and count.value & (count.value - 1):
+        count = None  # TP sizes are powers of two: "6 cards" says nothing about TP
+    for key, what, whats in (("worker_tp_rank", "TP rank", "TP ranks"),
+                             ("rank", "rank (no PP or DP given)", "ranks (no PP or DP given)")):
         ranks = ev.all(key)
         if key == "rank" and ev.first("pp", "dp"):
             break
         if ranks and max(f.value for f in ranks) > 0:  # a paste often shows rank 0 alone: no inference then
             top = max(ranks, key=lambda f: f.value)
+            if count is not None and count.value > top.value:
+                return _from(count, note=f" (one rank per device the report names; {whats} up to {top.value} seen, "
+                                         f"{_where(top, 60)})")
             tp = 1 << top.value.bit_length()  # TP sizes are powers of two: ranks 0..4 seen means TP 8
             return _from(top, tp, f" (at least {top.value + 1}: the highest {what} in the report + 1; TP sizes are "
                                   f"powers of two, so {tp})")
     fails = ev.first("tp_fails")
     if fails:
         return _from(fails, note=" (the TP the report says fails)")
-    count = ev.first("device_count")
-    if count and count.value & (count.value - 1) == 0:
+    if count is not None:
         return _from(count, note=" (assumed: one rank per device the report names)")
     if preset:
         return _assumed(PRESETS[preset].tp, f"the {preset} preset's (as its tutorial deploys it)")
@@ -400,22 +408,26 @@ def triage(text: str, config: str | None = None, title: str | None = None,
     with _as_it_ran(inputs.ran):
         try:
             d = _deployment(values, inputs)
-        except (ConfigError, UsageError) as e:
-            return _insufficient(ev, values, missing, evidence, f"The reconstructed deployment is not usable: "
-                                 f"{e.message}", ask=["the full startup log, from `vllm serve` to the error"])
+        except (ConfigError, UsageError) as e:  # kvaudit's reconstruction, not the user's deployment, is at fault
+            return _without_plan(ev, values, inputs, evidence, missing + [
+                "the full startup log, from `vllm serve` to the error"],
+                f"The deployment as reconstructed cannot be planned ({e.message}).")
         if not inputs.family_of:
             _derived_memory(values, d, ev)
         return _conclude(ev, d, values, inputs, evidence, missing, tolerance)
 
 
 def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
-                  missing: list[str]) -> Triage:
+                  missing: list[str], unplanned: str = "Not enough information to reconstruct the deployment and "
+                                                         "audit its allocator.") -> Triage:
     """A report kvaudit cannot plan (no model it knows) still has a verdict when it shows the allocator
     was not involved: vLLM refused before allocating, the device ran out before the KV cache existed,
     the out-of-memory line shows the memory held outside this process, or the allocator is upstream
     vLLM's, which allocates each planned tensor once. Otherwise: the questions to ask."""
+    from kvaudit.releases import FIX_PR, FIXED_IN, is_before_fix
+
     oom = ev.value("oom")
-    phase = ev.value("oom_phase") or (ev.value("error_phase") if ev.first("oom_mentioned") else None)
+    phase = phase_of(ev) if ev.first("oom", "oom_mentioned") else None
     outside = _held_outside(oom)
     if ev.first("kv_capacity_error") is not None:
         why = "vLLM refused to start before allocating any KV cache, so no allocator was involved"
@@ -428,16 +440,34 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
     elif inputs.platform == "cuda" and (ev.first("oom") or ev.first("oom_mentioned")):
         why = ("on CUDA the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
                "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")
+    elif (inputs.platform == "ascend" and inputs.release and not is_before_fix(inputs.release)
+          and (ev.first("oom") or ev.first("oom_mentioned"))):
+        why = (f"vllm-ascend {inputs.release} is not older than v{FIXED_IN} ({FIX_PR}), whose allocator allocates each "
+               "tensor of the plan once (kvaudit measures 1.00× for every family it ships and can audit); this model's "
+               "config would let kvaudit plan it")
     else:
-        return _insufficient(ev, values, missing, evidence, "Not enough information to reconstruct the deployment "
-                             "and audit its allocator.")
+        return _insufficient(ev, values, missing, evidence, unplanned)
     u = values["gpu_memory_utilization"].value
     T = values["device memory"].value if "device memory" in values else None
     cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, u)
     headline = f"The allocation is not the cause: {why}; {text}"
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
                   ask_for=tuple(missing), recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
-                  cause=cause)
+                  cause=cause, phase=phase_of(ev))
+
+
+def phase_of(ev: Evidence) -> str | None:
+    """The phase the report's error happened in: the out-of-memory traceback's, else the last
+    traceback's, else graph capture when "Capturing cudagraphs" was the last step logged before an
+    out-of-memory error."""
+    found = ev.first("oom_phase", "error_phase")
+    if found is not None:
+        return found.value
+    oom = ev.first("oom", "oom_mentioned")
+    start = ev.first("capture_started")
+    if oom is not None and start is not None:
+        return "CUDA/ACL graph capture"
+    return None
 
 
 def _held_outside(oom: Any) -> int | None:
@@ -465,7 +495,8 @@ def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], 
     if not ev.first("vllm_version", "vllm_ascend_version"):
         ask_for.append("the versions: `pip list | grep -E 'vllm|torch'` or the collect_env output")
     shown = {k: v for k, v in values.items() if v.value is not None}
-    return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)), **more)
+    return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)),
+                  phase=phase_of(ev), **more)
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:
@@ -623,7 +654,7 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
                   header, tuple(actions), tuple(m for m in missing if inputs.family_of), rec_u, rec_kv, fixed_in,
-                  cause, version_needed, releases, planned_with, tuple(r for _, r in audited))
+                  cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited))
 
 
 def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
@@ -732,10 +763,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     """What the numbers point to when the allocator is not the cause (device memory ``T``, utilization
     ``u``), and what to do about it."""
     oom = ev.value("oom")
-    phase_f = ev.first("oom_phase", "error_phase")
-    phase = phase_f.value if phase_f else None
-    if phase is None and ev.first("capture_started") and (oom or ev.first("oom_mentioned")):
-        phase = "CUDA/ACL graph capture"  # "Capturing cudagraphs ..." was the last step logged before the error
+    phase = phase_of(ev)
     weights = _weights_from_name(values)
     outside = _held_outside(oom)
     budget = values.get("KV budget")
@@ -744,6 +772,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     rec_u = rec_kv = None
     others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
     other = ev.first("other_process")
+    kept = ev.first("not_released")
     startup = ev.first("startup_free")
     if ev.first("kv_capacity_error") is not None:
         cause = "budget-too-small-for-max-model-len"
@@ -765,6 +794,12 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
                 rec_u = None
+    elif kept is not None:
+        cause = "another-process"
+        text = (f"the device ran out because memory was not released ({_where(kept, 120)}): what an earlier engine or "
+                "request left behind is held outside vLLM's profile.")
+        actions.append("Free what is held (a fix of the release path, or a restart) before planning the next engine; "
+                       "until then, leave room for it with a lower `--gpu-memory-utilization`.")
     elif others or other or (startup is not None and T and startup.value < u * T) or (
             outside is not None and outside > 0.25 * oom.total):
         cause = "another-process"

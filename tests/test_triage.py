@@ -4,6 +4,7 @@ contract, robustness to how people paste, and input kvaudit refuses."""
 from __future__ import annotations
 
 import json
+
 import subprocess
 import sys
 
@@ -214,3 +215,104 @@ def test_a_very_long_line_is_cut_not_choked_on(capsys, tmp_path):
     p.write_text("| " + "1 " * 4_000_000 + "\n" + (REPORTS / "too-little.log").read_text())
     code, out, err = _cli(["triage", str(p)], capsys)
     assert code == 0 and "insufficient-information" in out
+
+
+# --- what the triage must not get wrong -------------------------------------------------------------
+
+_QWEN3_NEXT_013 = """vllm serve Qwen/Qwen3-Next-80B-A3B-Instruct --max-model-len 4096 --gpu-memory-utilization 0.85
+vLLM Ascend Version: 0.13.0
+"""
+_KV_OOM = ("RuntimeError: NPU out of memory. Tried to allocate 1.04 GiB (NPU 0; 60.96 GiB total capacity; 58.03 GiB "
+           "already allocated; 58.03 GiB current active; 1003.52 MiB free; 58.80 GiB reserved in total by PyTorch)")
+_KV_FRAME = ('  File "/vllm-workspace/vllm-ascend/vllm_ascend/worker/model_runner_v1.py", line 2499, in '
+             '_allocate_kv_cache_tensors')
+
+
+def test_tp_is_not_inferred_from_rank_0_alone():
+    text = _QWEN3_NEXT_013 + f"(Worker_TP0 pid=7) ERROR {_KV_OOM}\n"
+    tp = triage(text).deployment["tensor parallel size"]
+    assert tp.value == 4 and tp.source.startswith("assumed: the qwen3-next preset's")
+    seen = triage(text + "(Worker_TP5 pid=12) INFO 10-10 08:02:11 [worker.py:1] ready\n").deployment["tensor parallel size"]
+    assert seen.value == 8 and "at least 6" in seen.source and seen.source.startswith("line ")
+
+
+def test_frames_printed_after_the_oom_line_give_its_phase():
+    """Some logs print the error first and its traceback after it (multiproc executors, ``[rank0]:``)."""
+    ev = extract(clean_lines(f"[rank0]: {_KV_OOM}\n[rank0]: Traceback (most recent call last):\n[rank0]: {_KV_FRAME}\n"))
+    assert ev.value("oom_phase") == "kv-cache allocation"
+    before = extract(clean_lines(f"Traceback (most recent call last):\n{_KV_FRAME}\n{_KV_OOM}\n"))
+    assert before.value("oom_phase") == "kv-cache allocation"
+
+
+def test_the_over_allocation_threshold_is_the_audits_tolerance(monkeypatch):
+    """Triage has no threshold of its own: with the audit's tolerance widened past 3× excess, the 4×
+    release matches the plan for triage as it does for the audit."""
+    text = (REPORTS / "ascend-0.11-qwen3-next-oom.log").read_text()
+    import kvaudit.results
+
+    monkeypatch.setattr(kvaudit.results, "DEFAULT_TOLERANCE", 3.5)
+    t = triage(text)
+    assert t.verdict == MATCHES_PLAN and t.factor == pytest.approx(4.0, rel=1e-3) and t.fixed_in is None
+    assert triage(text, tolerance=2.9).verdict == OVER_ALLOCATION
+
+
+def test_kv_transfer_padding_on_a_fixed_release_is_not_over_allocation():
+    """vllm-ascend pads each KV-transfer buffer by 2 MiB (alignment): 12 tensors on a 1.5 GiB budget are
+    1.6 % over the plan, above the 0.5 % tolerance, and still not over-allocation: the audit's allowance."""
+    text = (REPORTS / "ascend-0.18-budget-oom.log").read_text()
+    text = text.replace("Available KV cache memory: 18.57 GiB", "Available KV cache memory: 1.50 GiB").replace(
+        "vllm serve", "vllm serve --kv-transfer-config '{\"kv_connector\":\"LLMDataDistCMgrConnector\","
+                      "\"kv_role\":\"kv_producer\"}'", 1)
+    t = triage(text)
+    r = t.audits[0]
+    assert t.deployment["KV transfer"].value is True and r.alignment_allowance_bytes == 12 * (2 << 20)
+    assert t.factor > 1.005 and t.verdict == MATCHES_PLAN and t.fixed_in is None
+    assert not any("Upgrade" in a for a in t.actions)
+
+
+def test_fixed_in_only_for_a_release_older_than_the_fix():
+    assert _triage("ascend-0.13-qwen3-next-oom.log").fixed_in.startswith("vllm-ascend v0.16.0rc1")
+    t = triage(_QWEN3_NEXT_013.replace("0.13.0", "0.16.0") + f"{_KV_FRAME}\n{_KV_OOM}\n")
+    assert t.verdict == MATCHES_PLAN and t.fixed_in is None and t.cause == "budget-did-not-fit"
+
+
+def test_a_full_attention_model_needs_no_version():
+    t = triage("vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2\nRuntimeError: NPU out of memory. Tried to "
+               "allocate 20.00 MiB (NPU 1; 60.96 GiB total capacity)\n")
+    assert t.verdict == MATCHES_PLAN and t.version_needed is False and "vllm-ascend" not in t.deployment
+    assert "The release is not needed for this verdict" in t.headline and len(t.releases) == 4
+
+
+def test_a_hybrid_model_without_a_version_asks_for_it():
+    t = triage("vllm serve Qwen/Qwen3-Next-80B-A3B-Instruct --tensor-parallel-size 4\nRuntimeError: NPU out of "
+               "memory. Tried to allocate 2.00 GiB (NPU 0; 60.96 GiB total capacity)\n")
+    assert t.verdict == INSUFFICIENT and t.version_needed is True
+    assert {r["ratio"] for r in t.releases} == {4.0, 2.0, 1.0}
+    assert any("which vllm-ascend release" in a and "4.00×" in a for a in t.ask_for)
+
+
+def test_a_deployment_that_served_requests_is_not_refused_for_its_max_model_len():
+    """Qwen3-8B's config says 40,960 positions; a deployment that served requests at 131,072 (RoPE scaling
+    on its command line, or VLLM_ALLOW_LONG_MAX_MODEL_LEN) got past vLLM's check, so kvaudit plans it."""
+    base = ("vllm serve Qwen/Qwen3-8B --max-model-len 131072\nvLLM Ascend Version: 0.13.0\n"
+            f"{_KV_OOM.replace('1.04 GiB', '20.00 MiB')}\n")
+    refused = triage(base)
+    assert refused.verdict == INSUFFICIENT and "max_model_len" in refused.headline.lower().replace(" ", "_")
+    served = triage(base.replace("\n", "\nINFO 11-05 09:20:01 [loggers.py:123] Avg prompt throughput: 12.3 tokens/s\n", 1))
+    assert served.verdict == MATCHES_PLAN and served.deployment["max model len"].value == 131072
+
+
+def test_titles_count_given_apart_or_as_the_first_line():
+    body = "vllm serve Qwen/Qwen3-Next-80B-A3B-Instruct --tensor-parallel-size 4\n" + _KV_OOM + "\n"
+    for t in (triage(body, title="[Bug]: 0.13.0 qwen3-next-80b oom"), triage("[Bug]: 0.13.0 qwen3-next-80b oom\n\n" + body)):
+        assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(2.0, rel=1e-3)
+        assert t.deployment["vllm-ascend"].value == "0.13.0"
+    assert triage(body, title="[Bug]: 0.13.0 qwen3-next-80b oom").deployment["vllm-ascend"].source.startswith("title: ")
+
+
+def test_schema_names_every_cause_and_phase():
+    from kvaudit.evidence import PHASES
+    from kvaudit.triage import CAUSES
+
+    assert set(SCHEMA["properties"]["cause"]["enum"]) - {None} == set(CAUSES)
+    assert set(SCHEMA["properties"]["phase"]["enum"]) - {None} == set(PHASES)

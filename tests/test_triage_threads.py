@@ -1,0 +1,58 @@
+"""Triage on reports trimmed from public vLLM and vllm-ascend issue threads (fixtures/reports/threads,
+cited in its README): the verdict the thread's own diagnosis reached, the factor, the cause, and the
+facts read from the paste (versions, model, TP, phase)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.triage import triage
+from conftest import ROOT
+
+THREADS = ROOT / "fixtures" / "reports" / "threads"
+EXPECTED = {k: v for k, v in json.loads((THREADS / "expected.json").read_text()).items() if not k.startswith("_")}
+SCHEMA = json.loads((ROOT / "kvaudit" / "triage.schema.json").read_text())
+
+
+def test_every_thread_fixture_has_an_expectation_and_a_citation():
+    files = sorted(p.name for p in THREADS.glob("*.txt"))
+    assert files == sorted(EXPECTED) and len(files) >= 12
+    readme = (THREADS / "README.md").read_text()
+    for name in files:
+        repo, number = name.removesuffix(".txt").rsplit("-", 1)
+        assert f"https://github.com/vllm-project/{repo}/issues/{number}" in readme, name
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_thread_verdict_factor_cause_and_facts(name):
+    want = EXPECTED[name]
+    t = triage((THREADS / name).read_text())
+    jsonschema.validate(t.to_dict(), SCHEMA)
+    if want["verdict"] is not None:  # a thread that reached no diagnosis: its facts only
+        assert t.verdict == want["verdict"], t.headline
+    if want["factor"] is None:
+        assert t.factor is None or want["verdict"] is None  # nothing kvaudit could plan
+    else:
+        assert t.factor == pytest.approx(want["factor"], rel=1e-3)
+    if "cause" in want:
+        assert t.cause == want["cause"], t.headline
+    for key, value in want["facts"].items():
+        if key == "phase":
+            assert t.phase == value
+        elif value is None:
+            assert key not in t.deployment, t.deployment.get(key)
+        elif key == "model":
+            assert value.lower() in str(t.deployment["model"].value).lower() + t.deployment["model"].source.lower()
+        else:
+            assert t.deployment[key].value == value, (key, t.deployment[key])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_real_report_is_never_refused(name, capsys):
+    code = main(["triage", str(THREADS / name)])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("### kvaudit triage: "), err
