@@ -14,6 +14,7 @@ fails", "another service holds 19 GB").
 
 from __future__ import annotations
 
+import bisect
 import re
 import sys
 from dataclasses import dataclass, field
@@ -215,7 +216,12 @@ _LLM_KEYS = {"tensor_parallel_size": ("tp", int), "pipeline_parallel_size": ("pp
              "max_model_len": ("max_model_len", int), "kv_cache_dtype": ("kv_cache_dtype", str),
              "dtype": ("dtype", str), "enforce_eager": ("enforce_eager", lambda v: v == "True"),
              "max_num_seqs": ("max_num_seqs", int)}
-_ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*(?P<v>"[^"]*"|'[^']*'|[^\s;&|]+)""")
+_ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
+                     r"""(?P<v>"[^"]*"|'[^']*'|\$\(\([^)]*\)\)|[^\s;&|]+)""")
+_ARITHMETIC = re.compile(r"^\$\(\(\s*(?P<a>\d+)\s*(?P<op>[*+-])\s*(?P<b>\d+)\s*\)\)$")
+"""Shell arithmetic in an assignment: ``max_model_len=$((85 * 1024))``."""
+_IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
+_SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
 _VAR = re.compile(r"\$\{(?P<a>[A-Za-z_]\w*)\}|\$(?P<b>[A-Za-z_]\w*)")
 _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
@@ -303,7 +309,7 @@ _NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "3090": 24, "4090": 24, "5090":
 # facts people state in prose
 _WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|succeed(?:s|ed)?|successful(?:ly)?|" \
          r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|it startup|it starts|starts up|started up|" \
-         r"能拉|正常|成功|解决|可以)"
+         r"can run|能拉|正常|成功|解决|可以)"
 _FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
 _PROSE_FACTS = [
     ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
@@ -336,6 +342,48 @@ _PROSE_FACTS = [
                                         re.IGNORECASE),
      lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"]))),
 ]
+
+_SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
+    ("available kv",), ("reserved for kv",), ("memory profiling results",), ("took",), ("weights take",),
+    ("total_gpu_memory",), ("kv cache size",), ("blocks:",), ("maximum concurrency",), ("attention block size",),
+    ("max model len",), ("desired gpu",), ("x gpu_memory_utilization",), ("memory profiling results",),
+    ("kv_connector",), ("connector with name",), ("platform plugin",), ("detected platform",),
+    ("no available memory", "to serve at least", "stored in kv cache", "insufficient memory"), ("is needed",),
+    ("larger than the available",), ("estimated maximum",), ("max seq len (",), ("stored in kv cache",),
+    ("throughput", "post /v1", "startup complete"), ("captur",), ("captur",),
+    ("npu", "ascend", "昇腾", "910"), ("cuda", "nvidia", "geforce", "090", "a10", "a800", "a6000", "h100", "h20", "h800",
+                                        "l40", "l20"),
+    ("卡", "cards", "gpus", "npus"), ("*", "×"),
+)
+"""Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
+lines hold none, and a substring test costs a fraction of a regex search."""
+_WORKING = ("work", " fine", " ok", "okay", "succe", "solved", "fixe", "resolved", "normally", "it start", "starts up",
+            "can run",
+            "started up", "正常", "成功", "解决", "可以", "能拉")
+"""Words of ``_WORKS`` to look for first (" ok", not "ok": every log line with "tokens" holds that)."""
+_TP = (" tp", "\ntp", "-tp", "(tp", "tensor")
+_FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败")
+_PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("eager",), _WORKING + ("oom",)), (_TP, _WORKING), (_TP, _FAILING),
+    (("0.",), _WORKING), (("0.",), _WORKING), (("0.",), _WORKING), (("util",), _FAILING), (("util",), ("from",)),
+    (("other", "second", "其他"),), (("release", "free", "释放"),), (("cuda_visible_devices",),),
+    (("0.",), ("actual", "real", "usage", "use")),
+)
+"""As ``_SIMPLE_WORDS`` for ``_PROSE_FACTS``, in groups that must all be met (one word of each)."""
+_NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "090", "a6000", "a10", "v100", "t4", "910b")
+_MODEL_WORDS = ("qwen", "qwq", "llama", "mixtral", "deepseek", "kimi", "gemma", "gpt-oss", "glm", "minimax", "nemotron",
+                "granite", "falcon", "jamba")
+_WORDS = tuple(sorted({w for words in _SIMPLE_WORDS + (_NOMINAL_WORDS, _MODEL_WORDS) for w in words} |
+                     {w for groups in _PROSE_WORDS for words in groups for w in words}))
+def _nominal_gb(m: re.Match) -> int | None:
+    return int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
+
+
+_RULES = tuple((key, rx, conv, (words,)) for (key, rx, conv), words in zip(_SIMPLE, _SIMPLE_WORDS)) + tuple(
+    (key, rx, conv, groups) for (key, rx, conv), groups in zip(_PROSE_FACTS, _PROSE_WORDS)) + (
+    ("device_nominal_gb", _NOMINAL, _nominal_gb, (_NOMINAL_WORDS,)),
+    ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,)))
+"""Every line pattern with the words (groups of alternatives, all groups met) a line must hold first."""
 
 PHASES = {
     "kv-cache allocation": ("_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "allocate_kv_cache",
@@ -380,85 +428,91 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     commands: list[_Command] = []
     variables: dict[str, str] = {}
     pip_show: str | None = None
+    imported = 0
+    lows = [line.lower() for line in lines]
+    ruled = _rule_facts(lines, lows)
     for n, line in enumerate(lines, start=1):
-        if not line.strip():
+        low = lows[n - 1]
+        if not low.strip():
             continue
-        _versions(ev, n, line)
+        frame = _FRAME.search(line) if 'file "' in low else None
+        if "vllm" in low or "torch" in low or "version" in low:
+            _versions(ev, n, line, frame is not None)
         if pip_show and (m := _PIP_SHOW_VERSION.search(line)):
             ev.add("vllm_ascend_version" if "ascend" in pip_show else "vllm_version", m["v"], n, line)
             pip_show = None
-        if m := _PIP_SHOW_NAME.search(line):
+        if "name:" in low and (m := _PIP_SHOW_NAME.search(line)):
             pip_show = m["n"]
-        if m := _ASSIGN.search(line):
-            variables[m["k"]] = m["v"].strip("'\"")
-        if _ENGINE.search(line):
+        if "=" in line and (m := _ASSIGN.search(line)):
+            variables[m["k"]] = _shell_value(m["v"])
+        if "import" in low and _IMPORT.search(line):
+            imported = imported or n
+        if imported and "cuda_visible_devices" in low and _SET_CVD.search(line):
+            ev.add("cvd_after_import", True, n, line)  # torch has seen the devices already: the setting is ignored
+        if "llm engine" in low and _ENGINE.search(line):
             for key, (rx, conv) in _ENGINE_KEYS.items():
                 if m := rx.search(line):
                     ev.add(key, conv(m["v"]), n, line)
-        if m := _ARGS.search(line):
+        if "non-default args" in low and (m := _ARGS.search(line)):
             _keyword_args(ev, n, line, m["d"], r"'{key}': (?P<v>'[^']*'|[\w.+-]+)")
-        if m := _NAMESPACE.search(line):
+        if "namespace(" in low and (m := _NAMESPACE.search(line)):
             _keyword_args(ev, n, line, m["d"], r"\b{key}=(?P<v>'[^']*'|[\w.+-]+)")
-        if (m := _CMD.search(line) or _FLAGS_LINE.search(line)) and not _continues(lines, n):
+        if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low)
+                and (m := _CMD.search(line)) or "--" in line and
+                (m := _FLAGS_LINE.search(line))) and not _continues(lines, n):
             rest, k = _expand(m["rest"], variables), n
             while rest.rstrip().endswith("\\") and k < len(lines):  # a command continued with "\"
                 rest, k = rest.rstrip()[:-1] + " " + _expand(lines[k], variables), k + 1
             facts = _command_line(rest, bare=m.re is _FLAGS_LINE)
             if facts:
                 commands.append(_Command(n, line, facts, _outcome(lines, n, k)))
-        elif (m := _LLM_CALL.search(line)) and not _FRAME.search(line):
+        elif ("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) and frame is None:
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
                     and not _FRAME.search(lines[k]) and not _TRACEBACK.search(lines[k]):
                 call, k = call + " " + lines[k], k + 1
             commands.append(_Command(n, line, _llm_call(call, variables), _outcome(lines, n, k)))
-        for key, rx, conv in _SIMPLE:
-            if m := rx.search(line):
-                ev.add(key, conv(m), n, line)
-        for rx, value in ((_DOWNLOADING, None), (_SERVING, None), (_PROSE_MODEL, None)):
-            if m := rx.search(line):
-                ev.add("model_prose" if rx is _PROSE_MODEL else "model", m["v"], n, line)
-                break
-        if m := _WORKER_TP.search(line):
+        if "model" in low or "模型" in line:
+            for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
+                if m := rx.search(line):
+                    ev.add("model_prose" if rx is _PROSE_MODEL else "model", m["v"], n, line)
+                    break
+        if "worker" in low and (m := _WORKER_TP.search(line)):
             ev.add("worker_tp_rank", int(m["v"]), n, line)
-        if m := _RANK.search(line):
+        if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
-        if m := _ASCEND_AVAILABLE.search(line):
+        if "available memory" in low and (m := _ASCEND_AVAILABLE.search(line)):
             ev.add("available_kv", int(m["a"]), n, line)
             ev.add("device_memory", int(m["t"]), n, line)
             ev.add("platform", "ascend", n, line)
-        if m := _FREE_ON_STARTUP.search(line):
+        if "on startup" in low and (m := _FREE_ON_STARTUP.search(line)):
             ev.add("startup_free", round(float(m["free"]) * GiB), n, line)
             ev.add("device_memory", round(float(m["total"]) * GiB), n, line)
-        if _TRACEBACK.search(line):
+        if "traceback" in low and _TRACEBACK.search(line):
             tracebacks.append(n)
-        if m := _FRAME.search(line):
-            frames.append((n, m["func"]))
-            if "vllm_ascend" in m["path"]:
+        if frame is not None:
+            frames.append((n, frame["func"]))
+            if "vllm_ascend" in frame["path"]:
                 ev.add("platform", "ascend", n, line)
-        low = line.lower()
         if "out of memory" in low and (oom := parse_oom(line)) is not None and oom.tried is not None:
             ev.add("oom", oom, n, line)
             ev.add("platform", "ascend" if (oom.device or "").startswith("NPU") else "cuda", n, line)
             if oom.total:
                 ev.add("device_memory", oom.total, n, line)
-        elif _OOM_WORDS.search(line):
+        elif ("oom" in low or "out of memory" in low or "outofmemory" in low or "tried to allocate" in low
+              or "显存" in line or "内存" in line) and _OOM_WORDS.search(line):
             ev.add("oom_mentioned", True, n, line)
-        for key, rx, conv in _PROSE_FACTS:
-            if m := rx.search(line):
-                ev.add(key, conv(m), n, line)
-        if not _FRAME.search(line):
-            for rx, device in _DEVICE_NAMES:
+        if frame is None:
+            for rx, device in _DEVICE_NAMES if "h100" in low or "h200" in low else ():
                 if rx.search(line):
                     ev.add("device_named", device, n, line)
                     break
-            if m := _NOMINAL.search(line):
-                gb = int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
-                if gb:
-                    ev.add("device_nominal_gb", gb, n, line)
-            for m in _MODEL_MENTION.finditer(line):
-                ev.add("model_mention", m.group(0).rstrip(".-"), n, line)
-        _smi(ev, n, line)
+        if line.lstrip().startswith("|"):
+            _smi(ev, n, line)
+    for n, key, value in ruled:
+        ev.add(key, value, n, lines[n - 1])
+    for key in {key for _, key, _ in ruled}:
+        ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
     _launches(ev, commands, lines)
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
         phase = _phase(frames, oom.line)
@@ -472,50 +526,101 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     return ev
 
 
+_NOT_IN_FRAMES = {"device_nominal_gb", "model_mention"}
+_EVERY_MATCH = {"model_mention"}
+
+
+def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]:
+    """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
+    words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
+    text = "\n".join(lows)
+    starts = [0]
+    for low in lows:
+        starts.append(starts[-1] + len(low) + 1)
+    where: dict[str, set[int]] = {}
+    for word in _WORDS:
+        found: set[int] = set()
+        i = text.find(word)
+        while i != -1:
+            n = bisect.bisect_right(starts, i)  # 1-based line number
+            found.add(n)
+            i = text.find(word, starts[n])
+        where[word] = found
+    out: list[tuple[int, str, Any]] = []
+    for key, rx, conv, groups in _RULES:
+        candidates = None
+        for group in groups:
+            hit = set().union(*(where[w] for w in group))
+            candidates = hit if candidates is None else candidates & hit
+        for n in sorted(candidates or ()):
+            line = lines[n - 1]
+            if key in _NOT_IN_FRAMES and 'file "' in lows[n - 1] and _FRAME.search(line):
+                continue  # a path in a traceback names no device and no model
+            for m in (rx.finditer(line) if key in _EVERY_MATCH else filter(None, [rx.search(line)])):
+                value = conv(m)
+                if value is not None:
+                    out.append((n, key, value))
+    out.sort(key=lambda f: f[0])
+    return out
+
+
 def _title(ev: Evidence, n: int, title: str) -> None:
     """The issue title: its versions and the model named in it."""
     text = title.strip()
     before = len(ev)
     _versions(ev, n, text)
-    if len(ev) == before and (m := _BARE_VERSION.search(text)):
-        ev.add("title_version", m["v"], n, text)  # "0.13.0 qwen3-next-80b oom": the release the reporter runs
+    if len(ev) == before and (found := list(_BARE_VERSION.finditer(text))):
+        # "0.13.0 qwen3-next-80b oom": the release the reporter runs; "from v0.11.2 to v0.14.1": the last
+        ev.add("title_version", found[-1]["v"], n, text)
     ev.add("title", text, n, text)
     if _OOM_WORDS.search(text):
         ev.add("oom_mentioned", True, n, text)
 
 
-def _versions(ev: Evidence, n: int, line: str) -> None:
+_VERSION_WORDS = (("server version",), ("llm engine (v",), ("vllm version",), ("▀▄▀",), ())
+"""Words a line must hold before each ``_VLLM_VERSION`` pattern is tried (``()``: a pip/conda line)."""
+
+
+def _versions(ev: Evidence, n: int, line: str, is_frame: bool = False) -> None:
+    low = line.lower()
+    listing = low.lstrip().startswith(("vllm", "torch", "[pip", "[conda"))  # pip list / conda list / collect_env
     for rx in _ASCEND_VERSION:
-        if m := rx.search(line):
+        if ("ascend version" in low or listing) and (m := rx.search(line)):
             ev.add("vllm_ascend_version", m["v"], n, line)
             ev.add("platform", "ascend", n, line)
             return
-    for rx in _VLLM_VERSION:
-        if m := rx.search(line):
+    for rx, words in zip(_VLLM_VERSION, _VERSION_WORDS):
+        if (any(w in low for w in words) if words else listing) and (m := rx.search(line)):
             ev.add("vllm_version", m["v"], n, line)
             return
-    if m := _TORCH_NPU.search(line):
+    if listing and "torch" in low and (m := _TORCH_NPU.search(line)):
         ev.add("torch_npu_version", m["v"], n, line)
         ev.add("platform", "ascend", n, line)
         return
-    if "/" in line and _FRAME.search(line):
+    if is_frame:
         return  # a traceback frame's path (site-packages/vllm/...) names no release
-    found = False
-    for m in _IMAGE_ASCEND.finditer(line):
-        ev.add("vllm_ascend_image", m["v"], n, line)
-        found = True
-    for m in _IMAGE_VLLM.finditer(line):
-        ev.add("vllm_image", m["v"], n, line)
-        found = True
-    if found:
-        ev.add("platform", "ascend", n, line) if "vllm_ascend_image" in ev.facts else None
+    images = [("vllm_ascend_image", m) for m in _IMAGE_ASCEND.finditer(line)] if "vllm-ascend:" in low else []
+    images += [("vllm_image", m) for m in _IMAGE_VLLM.finditer(line)] if "vllm-openai:" in low else []
+    for key, m in images:
+        ev.add(key, m["v"], n, line)
+        if key == "vllm_ascend_image":
+            ev.add("platform", "ascend", n, line)
+    if images:
         return
     # "upgraded from vllm0.7.3 to vllm0.8.2": the last version a line names is the one that runs
-    if found := list(_PROSE_ASCEND.finditer(line)):
+    if "ascend" in low and (found := list(_PROSE_ASCEND.finditer(line))):
         ev.add("vllm_ascend_prose", found[-1]["v"], n, line)
         ev.add("platform", "ascend", n, line)
-    elif (found := list(_PROSE_VLLM.finditer(line))) and not _CMD.search(line):
+    elif "vllm" in low and (found := list(_PROSE_VLLM.finditer(line))) and not _CMD.search(line):
         ev.add("vllm_prose", found[-1]["v"], n, line)
+
+
+def _shell_value(text: str) -> str:
+    """An assigned value without its quotes, with ``$((a * b))`` worked out."""
+    if m := _ARITHMETIC.match(text):
+        a, b = int(m["a"]), int(m["b"])
+        return str(a * b if m["op"] == "*" else a + b if m["op"] == "+" else a - b)
+    return text.strip("'\"")
 
 
 def _expand(text: str, variables: dict[str, str]) -> str:
@@ -590,14 +695,22 @@ def _llm_call(call: str, variables: dict[str, str]) -> list[tuple[str, Any]]:
 
 
 def _outcome(lines: list[str], first: int, last: int) -> str | None:
-    """``works`` / ``fails`` where the paste says so just before or after a command."""
-    near = " ".join(lines[max(0, first - 3):first - 1] + lines[last:last + 2])
-    works = re.search(_WORKS, near, re.IGNORECASE)
-    fails = re.search(_FAILS, near, re.IGNORECASE)
-    if works and not fails:
-        return "works"
-    if fails and not works:
-        return "fails"
+    """``works`` / ``fails`` where the paste says so next to a launch: the nearest line of prose above it
+    ("this one works:", "无法拉起报OOM的指令："), else the two lines below it."""
+    above = []
+    for k in range(first - 2, max(-1, first - 9), -1):
+        text = lines[k].strip()
+        if text and not text.startswith("```") and not _ASSIGN.search(text):
+            above = [text]
+            break
+    for near in (above, lines[last:last + 2]):
+        said = " ".join(near)
+        works = re.search(_WORKS, said, re.IGNORECASE)
+        fails = re.search(_FAILS, said, re.IGNORECASE)
+        if works and not fails:
+            return "works"
+        if fails and not works:
+            return "fails"
     return None
 
 
@@ -605,14 +718,16 @@ def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
     """The launch that failed sets the deployment; a launch the paste says works is evidence."""
     if not commands:
         return
-    errors = [f.line for f in ev.all("oom") + ev.all("oom_mentioned") + ev.all("kv_capacity_error")]
+    titled = {f.line for f in ev.all("title")}
+    errors = sorted(f.line for f in ev.all("oom") + ev.all("oom_mentioned") + ev.all("kv_capacity_error")
+                    if f.line not in titled)
     failing = [c for c in commands if c.outcome == "fails"]
     if failing:
         chosen = failing[-1]
     else:
         pending = [c for c in commands if c.outcome != "works"] or commands
         before = [c for c in pending if errors and c.line < errors[0]]
-        chosen = before[-1] if before else pending[-1] if not errors else pending[0]
+        chosen = before[-1] if before else pending[-1] if not errors else pending[0]  # the launch the error follows
     for key, value in chosen.facts:
         ev.add(key, value, chosen.line, chosen.text)
     for c in commands:

@@ -37,6 +37,7 @@ CAUSES = {
     "weights": "the weights do not fit the device",
     "budget-did-not-fit": "the KV budget itself did not fit the device when allocated",
     "utilization-too-high": "the utilization leaves no room for memory vLLM's profile does not see",
+    "device-selection": "CUDA_VISIBLE_DEVICES was set after torch was imported, so it selected nothing",
     "not-out-of-memory": "the report shows no out-of-memory error",
     "unknown": "no phase or figure in the report points at a cause",
 }
@@ -764,7 +765,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     ``u``), and what to do about it."""
     oom = ev.value("oom")
     phase = phase_of(ev)
-    weights = _weights_from_name(values)
+    weights = _weights(values)
     outside = _held_outside(oom)
     budget = values.get("KV budget")
     A = budget.value if budget is not None else None
@@ -794,6 +795,12 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
                 rec_u = None
+    elif ev.first("cvd_after_import") is not None:
+        cause = "device-selection"
+        f = ev.first("cvd_after_import")
+        text = (f"the device ran out because {CAUSES[cause]} ({_where(f, 80)}): the engine used the first visible "
+                "device, which other work may hold.")  # type: ignore[arg-type]
+        actions.append("Set CUDA_VISIBLE_DEVICES in the shell, or before the first `import torch` / `import vllm`.")
     elif kept is not None:
         cause = "another-process"
         text = (f"the device ran out because memory was not released ({_where(kept, 120)}): what an earlier engine or "
@@ -876,9 +883,13 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     return cause, text, actions, rec_u, rec_kv
 
 
-def _weights_from_name(values: dict[str, Sourced]) -> tuple[int, str] | None:
-    """Weights per rank from the parameter count a model's name states ("Llama 3 70B": 70e9 × 2 bytes in
-    16 bits) over the TP, with the text that says so; ``None`` when the name states none."""
+def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
+    """Weights per rank, with what says so: the report's or vLLM's figure where there is one, else the
+    parameter count the model's name states ("Llama 3 70B": 70e9 × 2 bytes in 16 bits) over the TP;
+    ``None`` when neither is known."""
+    known = values.get("weights")
+    if known is not None:
+        return known.value, f"{fmt_bytes(known.value)} of weights per device ({_short(known.source, 80)})"
     model = values.get("model")
     if model is None or not isinstance(model.value, str):
         return None

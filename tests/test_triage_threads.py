@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from kvaudit.cli import main
+from kvaudit.evidence import clean_lines, extract
 from kvaudit.triage import triage
 from conftest import ROOT
 
@@ -49,6 +50,9 @@ def test_thread_verdict_factor_cause_and_facts(name):
             assert value.lower() in str(t.deployment["model"].value).lower() + t.deployment["model"].source.lower()
         else:
             assert t.deployment[key].value == value, (key, t.deployment[key])
+    ev = extract(clean_lines((THREADS / name).read_text()))
+    for key in want.get("read", ()):
+        assert ev.first(key) is not None, key
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
