@@ -194,6 +194,8 @@ _ARG_KEYS = {
     "dtype": ("dtype", str), "block_size": ("block_size", int), "kv_cache_memory_bytes": ("kv_cache_memory", int),
     "enforce_eager": ("enforce_eager", lambda v: v == "True"), "max_num_seqs": ("max_num_seqs", int),
 }
+_DICT_ARGS = {key: re.compile(rf"'{key}': (?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
+_NAMESPACE_ARGS = {key: re.compile(rf"\b{key}=(?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
 _CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
                   r"\S*benchmark_\w+\.py)\b(?P<rest>.*)$")
 _FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
@@ -311,6 +313,8 @@ _WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|s
          r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|it startup|it starts|starts up|started up|" \
          r"can run|能拉|正常|成功|解决|可以)"
 _FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
+_WORKS_RX = re.compile(_WORKS, re.IGNORECASE)
+_FAILS_RX = re.compile(_FAILS, re.IGNORECASE)
 _PROSE_FACTS = [
     ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
                                rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
@@ -454,9 +458,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                 if m := rx.search(line):
                     ev.add(key, conv(m["v"]), n, line)
         if "non-default args" in low and (m := _ARGS.search(line)):
-            _keyword_args(ev, n, line, m["d"], r"'{key}': (?P<v>'[^']*'|[\w.+-]+)")
+            _keyword_args(ev, n, line, m["d"], _DICT_ARGS)
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
-            _keyword_args(ev, n, line, m["d"], r"\b{key}=(?P<v>'[^']*'|[\w.+-]+)")
+            _keyword_args(ev, n, line, m["d"], _NAMESPACE_ARGS)
         if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low)
                 and (m := _CMD.search(line)) or "--" in line and
                 (m := _FLAGS_LINE.search(line))) and not _continues(lines, n):
@@ -628,9 +632,9 @@ def _expand(text: str, variables: dict[str, str]) -> str:
     return _VAR.sub(lambda m: variables.get(m["a"] or m["b"], m.group(0)), text)
 
 
-def _keyword_args(ev: Evidence, n: int, line: str, text: str, pattern: str) -> None:
+def _keyword_args(ev: Evidence, n: int, line: str, text: str, patterns: dict[str, re.Pattern]) -> None:
     for key, (fact, conv) in _ARG_KEYS.items():
-        m = re.search(pattern.format(key=key), text)
+        m = patterns[key].search(text)
         if m and m["v"] != "None":
             try:
                 ev.add(fact, conv(m["v"].strip("'")), n, line)
@@ -705,8 +709,8 @@ def _outcome(lines: list[str], first: int, last: int) -> str | None:
             break
     for near in (above, lines[last:last + 2]):
         said = " ".join(near)
-        works = re.search(_WORKS, said, re.IGNORECASE)
-        fails = re.search(_FAILS, said, re.IGNORECASE)
+        works = _WORKS_RX.search(said)
+        fails = _FAILS_RX.search(said)
         if works and not fails:
             return "works"
         if fails and not works:
@@ -738,8 +742,11 @@ def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
 def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
     """The phase of the traceback around an error line: its deepest recognised frame. Tracebacks
     usually end with the error; some logs print the error first, so frames after it count too."""
-    before = [f for f in frames if oom_line - reach <= f[0] < oom_line]
-    after = [f for f in frames if oom_line < f[0] <= oom_line + reach]
+    at = [f[0] for f in frames]
+    lo, mid, hi = (bisect.bisect_left(at, oom_line - reach), bisect.bisect_left(at, oom_line),
+                   bisect.bisect_right(at, oom_line + reach))
+    before = frames[lo:mid]
+    after = [f for f in frames[mid:hi] if f[0] != oom_line]
     for block in (before, after):
         for n, func in reversed(block):
             for phase, funcs in PHASES.items():

@@ -30,7 +30,7 @@ from kvaudit.deployment import PRESETS, fixtures_dir
 from kvaudit.meters import make_meter
 from kvaudit.plan import build_plan, layer_mix, model_for
 from kvaudit.strategies import STRATEGIES
-from conftest import deployment
+from conftest import deployment, skip_unless_planned
 
 RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 everywhere
     "qwen3-next": (4.0, 2.0, 1.0), "qwen3.5-27b": (4.0, 2.0, 1.0), "qwen3.5-397b-a17b": (4.0, 2.0, 1.0),
@@ -38,21 +38,8 @@ RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 ever
 }
 MAMBA_NAMED = {"nemotron-h-8b", "nemotron-h-56b", "granite-4.0-h-small", "falcon-h1-7b", "jamba-mini"}
 INTERLEAVED = {"deepseek-v3.2"}
-PRIMARY_VLLM = "0.33.0"
-"""Family coverage is tested against the vLLM of ``.venv``. Under vLLM 0.23.0 (tested for the
-``shared_by`` plan format) only these families build with kvaudit's stand-ins so far; the others
-stop with a one-line error (FP8 / Mamba2 kernels and the multimodal wrappers differ there)."""
-BUILDS_UNDER_0_23 = {"qwen3-next", "llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b", "mixtral-8x7b",
-                     "glm-4.5", "gpt-oss-120b", "jamba-mini"}
-
-
 def _primary_or(preset: str | None = None) -> None:
-    import importlib.metadata
-
-    version = importlib.metadata.version("vllm")
-    if version != PRIMARY_VLLM and (preset is None or preset not in BUILDS_UNDER_0_23):
-        pytest.skip(f"family coverage is tested against vLLM {PRIMARY_VLLM}; vLLM {version} is tested for the "
-                    "shared_by plan format")
+    skip_unless_planned(preset)
 
 
 def _config(preset: str) -> dict:

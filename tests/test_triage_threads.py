@@ -12,7 +12,8 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.evidence import clean_lines, extract
 from kvaudit.triage import triage
-from conftest import ROOT
+from conftest import ROOT, skip_unless_planned
+from kvaudit.deployment import preset_for_model
 
 THREADS = ROOT / "fixtures" / "reports" / "threads"
 EXPECTED = {k: v for k, v in json.loads((THREADS / "expected.json").read_text()).items() if not k.startswith("_")}
@@ -31,6 +32,7 @@ def test_every_thread_fixture_has_an_expectation_and_a_citation():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_thread_verdict_factor_cause_and_facts(name):
     want = EXPECTED[name]
+    _planned_here(want)
     t = triage((THREADS / name).read_text())
     jsonschema.validate(t.to_dict(), SCHEMA)
     if want["verdict"] is not None:  # a thread that reached no diagnosis: its facts only
@@ -55,8 +57,17 @@ def test_thread_verdict_factor_cause_and_facts(name):
         assert ev.first(key) is not None, key
 
 
+def _planned_here(want: dict) -> None:
+    """Reports whose model (or its family) vLLM 0.23 cannot build are checked under the primary vLLM."""
+    model = want["facts"].get("model")
+    match = preset_for_model(model) if model else None
+    if match is not None:
+        skip_unless_planned(match[0])
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_a_real_report_is_never_refused(name, capsys):
+    _planned_here(EXPECTED[name])
     code = main(["triage", str(THREADS / name)])
     out, err = capsys.readouterr()
     assert code == 0 and out.startswith("### kvaudit triage: "), err
