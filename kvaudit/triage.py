@@ -493,7 +493,7 @@ def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], 
     ask_for = list(missing) + list(ask or [])
     if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:
         ask_for.append("the whole traceback of the out-of-memory error (which function allocated)")
-    if not ev.first("vllm_version", "vllm_ascend_version"):
+    if "vLLM" not in values and "vllm-ascend" not in values:
         ask_for.append("the versions: `pip list | grep -E 'vllm|torch'` or the collect_env output")
     shown = {k: v for k, v in values.items() if v.value is not None}
     return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)),
@@ -544,7 +544,6 @@ class _Candidate:
 
     label: str
     strategy: Any
-    era_end: str | None = None
 
 
 def _candidates(platform: str | None, release: str | None) -> list[_Candidate]:
@@ -560,14 +559,6 @@ def _candidates(platform: str | None, release: str | None) -> list[_Candidate]:
     ascend = [_Candidate(label, dataclasses.replace(STRATEGIES[strategy], platform=rule))
               for label, rule, strategy in era_labels()]
     return ascend if platform == "ascend" else cuda + ascend
-
-
-_STRATEGY_OF: dict[int, Any] = {}
-"""The strategy object each audited result came from (results carry the strategy's name only)."""
-
-
-def _strategy_of(r: Any) -> Any:
-    return _STRATEGY_OF[id(r)]
 
 
 def _answer(r: Any) -> tuple[str, float]:
@@ -602,7 +593,6 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
             continue
         if got:
             audited.append((c, got[0]))
-            _STRATEGY_OF[id(got[0])] = c.strategy
         else:
             refused.append(f"{c.label}: {skipped[0][1]}")
     if not audited:
@@ -625,7 +615,7 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
                              audits=tuple(r for _, r in audited))
     cand, r = chosen
     verdict, factor = _answer(r)
-    fixed = _fixed(audited, cands, inputs, d, tol) if verdict != MATCHES_PLAN else None
+    fixed = _fixed(audited, inputs, d, tol) if verdict != MATCHES_PLAN else None
     shown = [chosen] + ([fixed] if fixed is not None and fixed[1] is not r else [])
     rows, header = _comparison(ev, d, shown, inputs)
     notes = []
@@ -645,8 +635,6 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
     if verdict == MATCHES_PLAN:
         T = (values["device memory"].value if "device memory" in values
              else None if inputs.family_of else d.device_memory_bytes)
-        if "KV budget" not in values and not inputs.family_of:
-            values["KV budget"] = Sourced(d.kv_budget_bytes, "derived")
         cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, d.gpu_memory_utilization)
         headline = (f"{cand.label}'s allocator allocates exactly what vLLM planned ({factor:.2f}×); {text}")
         fixed_in = None
@@ -654,7 +642,7 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         cause = None
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
-                  header, tuple(actions), tuple(m for m in missing if inputs.family_of), rec_u, rec_kv, fixed_in,
+                  header, tuple(actions), tuple(missing), rec_u, rec_kv, fixed_in,
                   cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited))
 
 
@@ -673,7 +661,7 @@ def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
     seen = ev.first("observed_utilization")
     if seen is not None:
         asked, observed = seen.value
-        use = {c.label: _projected_use(r, d, asked) for c, r in audited}
+        use = {c.label: _projected_use(c.strategy, r, d, asked) for c, r in audited}
         near = [(c, r) for c, r in audited if abs(use[c.label] - observed) <= 0.03]
         if near and len({_answer(r) for _, r in near}) == 1:
             at = f" at {asked}" if asked is not None else ""
@@ -684,7 +672,7 @@ def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
     return None, None
 
 
-def _projected_use(r: Any, d: Deployment, util: float | None) -> float:
+def _projected_use(strategy: Any, r: Any, d: Deployment, util: float | None) -> float:
     """The share of the device a strategy's allocation of vLLM's plan takes at ``util`` (the audited one
     when ``None``): each planned by vLLM and allocated on ``meta``."""
     from kvaudit.audit import dry_run
@@ -693,12 +681,11 @@ def _projected_use(r: Any, d: Deployment, util: float | None) -> float:
     if util is None or util == d.gpu_memory_utilization:
         return r.projected_utilization
     at = dataclasses.replace(d, gpu_memory_utilization=util, kv_cache_memory_bytes=None)
-    strategy = _strategy_of(r)
     plan = build_plan(at, strategy.platform)
     return (at.non_kv_bytes + dry_run(plan, strategy, at.kv_transfer).total_bytes) / at.device_memory_bytes
 
 
-def _fixed(audited: list[tuple[_Candidate, Any]], cands: list[_Candidate], inputs: _Inputs, d: Deployment,
+def _fixed(audited: list[tuple[_Candidate, Any]], inputs: _Inputs, d: Deployment,
            tol: float) -> tuple[_Candidate, Any] | None:
     """The release that fixes an allocator finding (the newest era), audited on the same deployment."""
     from kvaudit.audit import audit_all
