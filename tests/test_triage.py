@@ -316,3 +316,25 @@ def test_schema_names_every_cause_and_phase():
 
     assert set(SCHEMA["properties"]["cause"]["enum"]) - {None} == set(CAUSES)
     assert set(SCHEMA["properties"]["phase"]["enum"]) - {None} == set(PHASES)
+
+
+def test_a_regression_after_the_fix_is_not_told_to_upgrade(monkeypatch):
+    """A release at or after the fix that over-allocates (here the ascend-0.16 strategy made to allocate
+    everything twice) gets no ``fixed_in`` and no advice to move to another release."""
+    import dataclasses
+
+    import kvaudit.strategies as strategies
+
+    fixed = strategies.STRATEGIES["ascend-0.16"]
+
+    held = []
+
+    def twice(plan, device, kv_transfer=False):
+        held.append(fixed.allocate(plan, device, kv_transfer))  # a first set of buffers, kept alive
+        return fixed.allocate(plan, device, kv_transfer)
+
+    monkeypatch.setitem(strategies.STRATEGIES, "ascend-0.16", dataclasses.replace(fixed, allocate=twice))
+    t = triage(_QWEN3_NEXT_013.replace("0.13.0", "0.18.0") + f"{_KV_FRAME}\n{_KV_OOM}\n")
+    assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(2.0, rel=1e-3)
+    assert t.fixed_in is None and not any("Upgrade" in a for a in t.actions)
+    assert any("not older than kvaudit's known fix" in a for a in t.actions)
