@@ -62,18 +62,20 @@ vllm-ascend PR #6887 (one buffer per shared tensor). PR #3760 (v0.12.0rc1) halve
 FIX_PR = "PR #6887: one buffer per shared tensor"
 
 
-def era_labels() -> list[tuple[str, str, str]]:
-    """Each era as ``(label, block-size rule, built-in strategy)``, e.g. ``vllm-ascend 0.12.0rc1 to
-    before 0.16.0rc1``."""
+def era_range(start: str | None, end: str | None) -> str:
+    """Releases from ``start`` to before ``end`` in words, e.g. ``vllm-ascend 0.12.0rc1 to before 0.16.0rc1``."""
+    if start is None:
+        return f"vllm-ascend before {end}"
+    if end is None:
+        return f"vllm-ascend {start} or later"
+    return f"vllm-ascend {start} to before {end}"
+
+
+def eras() -> list[tuple[str | None, str | None, str, str]]:
+    """Each era as ``(first release, first release after it, block-size rule, built-in strategy)``."""
     out, start = [], None
     for end, rule, strategy in ERAS:
-        if start is None:
-            label = f"vllm-ascend before {end}"
-        elif end is None:
-            label = f"vllm-ascend {start} or later"
-        else:
-            label = f"vllm-ascend {start} to before {end}"
-        out.append((label, rule, strategy))
+        out.append((start, end, rule, strategy))
         start = end
     return out
 

@@ -328,7 +328,9 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     values["max model len"] = (_from(mml) if mml else _assumed(p.max_model_len, f"the {exact} preset's") if p
                                else _assumed(spec.max_position_embeddings if spec else None, "vLLM's default"))
     util = ev.first("gpu_memory_utilization", "util_fails")
-    values["gpu_memory_utilization"] = _from(util) if util else _assumed(0.9, "vLLM's default (not in the report)")
+    values["gpu_memory_utilization"] = (_assumed(0.9, "vLLM's default (not in the report)") if util is None else
+                                        _from(util, note=" (the utilization the report says fails)")
+                                        if util.key == "util_fails" else _from(util))
     dev = _device_memory(ev, platform)
     if dev is not None:
         values["device memory"] = dev
@@ -510,11 +512,12 @@ def _evidence_lines(ev: Evidence) -> list[str]:
                       ("gpu_blocks", "KV cache blocks (V0)"), ("available_kv", "KV budget"),
                       ("kv_capacity_error", "vLLM refused the budget"), ("served", "it served requests"),
                       ("captured", "it captured graphs"), ("eager_works", "works with --enforce-eager"),
-                      ("observed_utilization", "observed utilization"), ("cvd_after_import",
+                      ("observed_utilization", "observed use of the device"), ("cvd_after_import",
                       "CUDA_VISIBLE_DEVICES set after import")):
         f = ev.first(key)
         if f is not None:
-            shown = f.value if key not in ("oom", "available_kv", "title", "oom_mentioned", "served", "captured",
+            shown = (f"{f.value[1]}" + (f" at --gpu-memory-utilization {f.value[0]}" if f.value[0] else "")
+                     if key == "observed_utilization" else f.value) if key not in ("oom", "available_kv", "title", "oom_mentioned", "served", "captured",
                                            "eager_works", "kv_capacity_error", "cvd_after_import") else ""
             out.append(f"{what}{': ' + str(shown) if shown != '' else ''} — {_where(f)}")
     for key, what in (("util_works", "works at gpu_memory_utilization"), ("tp_works", "works at TP"),
@@ -544,10 +547,12 @@ class _Candidate:
 
     label: str
     strategy: Any
+    era: tuple[str | None, str | None] | None = None
+    """The releases it stands for, from the first to before the second, when no release was reported."""
 
 
 def _candidates(platform: str | None, release: str | None) -> list[_Candidate]:
-    from kvaudit.releases import builtin_strategy_for, era_labels, platform_for
+    from kvaudit.releases import builtin_strategy_for, era_range, eras, platform_for
     from kvaudit.strategies import STRATEGIES
 
     if platform == "ascend" and release:
@@ -556,8 +561,8 @@ def _candidates(platform: str | None, release: str | None) -> list[_Candidate]:
     cuda = [_Candidate(f"vLLM {release}" if release else "vLLM (any release)", STRATEGIES["vllm"])]
     if platform == "cuda":
         return cuda
-    ascend = [_Candidate(label, dataclasses.replace(STRATEGIES[strategy], platform=rule))
-              for label, rule, strategy in era_labels()]
+    ascend = [_Candidate(era_range(start, end), dataclasses.replace(STRATEGIES[strategy], platform=rule), (start, end))
+              for start, end, rule, strategy in eras()]
     return ascend if platform == "ascend" else cuda + ascend
 
 
@@ -656,7 +661,7 @@ def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
     if tokens is not None:
         hits = [(c, r) for c, r in audited if abs(capacity(r.plan).tokens - tokens.value) <= 0.005 * tokens.value]
         if hits and len({_answer(r) for _, r in hits}) == 1:
-            return hits[0], (f"The release is inferred from the report's KV cache size ({tokens.value:,} tokens, "
+            return _merged(hits), (f"The release is inferred from the report's KV cache size ({tokens.value:,} tokens, "
                              f"line {tokens.line}): only the plan of {', '.join(c.label for c, _ in hits)} holds that.")
     seen = ev.first("observed_utilization")
     if seen is not None:
@@ -665,11 +670,22 @@ def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
         near = [(c, r) for c, r in audited if abs(use[c.label] - observed) <= 0.03]
         if near and len({_answer(r) for _, r in near}) == 1:
             at = f" at {asked}" if asked is not None else ""
-            return near[0], (f"The release is inferred from the use the report observed ({observed} of the device{at}, "
+            return _merged(near), (f"The release is inferred from the use the report observed ({observed} of the device{at}, "
                              f"{_where(seen, 120)}): {', '.join(x.label for x, _ in near)} would use "
                              f"{use[near[0][0].label]:.3f}{at}; " + ", ".join(
                                  f"{x.label} {use[x.label]:.3f}" for x, _ in audited if (x, _) not in near) + ".")
     return None, None
+
+
+def _merged(found: list[tuple[_Candidate, Any]]) -> tuple[_Candidate, Any]:
+    """Neighbouring eras that give the same answer, as one candidate (``before 0.11.0rc2`` and
+    ``0.11.0rc2 to before 0.12.0rc1`` are ``before 0.12.0rc1``)."""
+    from kvaudit.releases import era_range
+
+    first, last = found[0][0], found[-1][0]
+    if len(found) == 1 or first.era is None or last.era is None:
+        return found[0]
+    return dataclasses.replace(first, label=era_range(first.era[0], last.era[1])), found[0][1]
 
 
 def _projected_use(strategy: Any, r: Any, d: Deployment, util: float | None) -> float:
@@ -690,12 +706,13 @@ def _fixed(audited: list[tuple[_Candidate, Any]], inputs: _Inputs, d: Deployment
     """The release that fixes an allocator finding (the newest era), audited on the same deployment."""
     from kvaudit.audit import audit_all
     from kvaudit.meters import MetaMeter
-    from kvaudit.releases import era_labels
+    from kvaudit.releases import era_range, eras
     from kvaudit.strategies import STRATEGIES
 
     if inputs.platform != "ascend":
         return None
-    label, rule, strategy = era_labels()[-1]
+    start, end, rule, strategy = eras()[-1]
+    label = era_range(start, end)
     for c, r in audited:
         if c.strategy.name == strategy and c.strategy.platform == rule:
             return c, r
@@ -952,7 +969,10 @@ def _reported_use(ev: Evidence, total: int) -> str:
     used = ev.all("hbm_used_mb")
     seen = ev.first("observed_utilization")
     if not used:
-        return f"{seen.value[1]} ({_where(seen, 60)})" if seen else "—"
+        if seen is None:
+            return "—"
+        asked, observed = seen.value
+        return f"{observed}" + (f" at {asked}" if asked is not None else "") + f" ({_where(seen, 60)})"
     top = max(used, key=lambda f: f.value)
     b = top.value << 20
     return f"{fmt_bytes(b)} ({b / total:.3f}) in the smi snapshot (line {top.line})"
