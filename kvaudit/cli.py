@@ -151,7 +151,9 @@ def audit_command(a: argparse.Namespace) -> int:
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
-
+    for s in strategies:
+        if s.note:
+            _note(f"kvaudit: {s.note}")
     meter = select_meter(a.meter, a.device_index)
     stages = [_deployment(a, spec, p, rank) for rank in _pp_ranks(a)]
     _note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -33,9 +34,12 @@ def installed_strategy() -> Strategy:
         raise StrategyFailed("--strategy installed: no KV-cache allocator is installed here "
                              "(neither vllm-ascend nor vLLM)")
     utils = load_vllm().worker_utils
-    if hasattr(utils, "allocate_kv_cache"):
-        return _allocate_kv_cache(utils.allocate_kv_cache, version)
-    return _gpu_model_runner(version)
+    found = (_allocate_kv_cache(utils.allocate_kv_cache, version) if hasattr(utils, "allocate_kv_cache")
+             else _gpu_model_runner(version))
+    return dataclasses.replace(
+        found, releases=f"vLLM {version} (installed; no vllm-ascend)",
+        note=f"--strategy installed: vllm-ascend is not installed here, so this audits upstream vLLM {version}'s "
+             f"{found.title}")
 
 
 def _vllm_ascend() -> Strategy:

@@ -175,7 +175,39 @@ def release_strategy(version: str) -> Strategy:
     tarball = fetch_sdist(version)
     label = f"{PACKAGE} {version}"
     code = extract_allocator(SourceTree(label, tarball=tarball), RUNNER_MODULE, RUNNER_CLASS)
-    return Strategy(
-        name=f"{PACKAGE}=={version}", title=f"{code.method} from the {version} sdist", platform=platform_for(version),
-        releases=label, allocate=lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device,
-                                                                                             kv_transfer))
+    return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code)
+
+
+def checkout_strategy(path: str) -> Strategy:
+    """``--strategy vllm-ascend=PATH``: the allocation code of a vllm-ascend source checkout (the code
+    under test in its CI, or a patch being written), run like a release's."""
+    root = Path(path).expanduser().resolve()
+    if not (root / RUNNER_MODULE.replace(".", "/")).with_suffix(".py").is_file():
+        raise UsageError(f"vllm-ascend={path}: not a vllm-ascend source checkout (no "
+                         f"{RUNNER_MODULE.replace('.', '/')}.py under it)")
+    version = checkout_version(root)
+    code = extract_allocator(SourceTree(f"{PACKAGE} checkout {root}", root=root), RUNNER_MODULE, RUNNER_CLASS)
+    return _code_strategy(f"{PACKAGE}={root.name}", f"{code.method} from {root}",
+                          f"{PACKAGE} checkout ({version or 'no version found'})", version, code)
+
+
+def checkout_version(root: Path) -> str | None:
+    """A checkout's version: ``vllm_ascend/_version.py`` (written by setuptools_scm on install), else
+    ``git describe --tags``, else ``None`` (it is then planned with the newest era's rule)."""
+    written = root / "vllm_ascend" / "_version.py"
+    if written.is_file() and (m := re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]v?([^'"]+)['"]""",
+                                              written.read_text(errors="replace"))):
+        return m.group(1)
+    if (root / ".git").exists():
+        p = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--abbrev=0"], capture_output=True, text=True)
+        if p.returncode == 0 and (m := re.match(r"v?([0-9][\w.]*)", p.stdout.strip())):
+            return m.group(1)
+    return None
+
+
+def _code_strategy(name: str, title: str, label: str, version: str | None, code: Extracted) -> Strategy:
+    """A strategy that runs extracted vllm-ascend allocation code, planned with the block-size rule of
+    its era (the newest era's when the version is unknown)."""
+    platform = platform_for(version) if version else ERAS[-1][1]
+    return Strategy(name=name, title=title, platform=platform, releases=label,
+                    allocate=lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device, kv_transfer))

@@ -33,6 +33,8 @@ class Strategy:
     releases: str
     allocate: Callable[[KVPlan, Any, bool], RawTensors]
     """``allocate(plan, device, kv_transfer)``."""
+    note: str = ""
+    """What a user must know about what this strategy audits (printed with the report)."""
 
 
 def _zeros(n: int, device: Any) -> "torch.Tensor":
@@ -175,6 +177,10 @@ def resolve_strategy(name: str) -> Strategy:
         from kvaudit.releases import release_strategy
 
         return release_strategy(name.partition("==")[2])
+    if name.startswith("vllm-ascend="):
+        from kvaudit.releases import checkout_strategy
+
+        return checkout_strategy(name.partition("=")[2])
     from kvaudit import plugins
 
     if ":" in name:
@@ -184,4 +190,5 @@ def resolve_strategy(name: str) -> Strategy:
         return found
     extra = plugins.entry_point_names()
     raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, installed, vllm-ascend==VERSION, "
+                     "vllm-ascend=PATH, "
                      f"module:function{', ' + ', '.join(extra) if extra else ''})")

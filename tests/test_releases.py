@@ -115,3 +115,45 @@ def test_release_through_the_cli(capsys):
     assert code == 1
     assert {a["strategy"]: round(a["ratio"], 2) for a in doc["audits"]} == {
         "vllm-ascend==0.13.0": 2.0, "vllm-ascend==0.18.0": 1.0}
+
+
+def _checkout(tmp_path, version: str):
+    """A source tree of ``version`` as a checkout would hold it (the sdist unpacked)."""
+    import tarfile
+
+    with tarfile.open(releases.fetch_sdist(version)) as tf:
+        tf.extractall(tmp_path, filter="data")
+    return next(tmp_path.iterdir())
+
+
+def test_a_source_checkout_is_audited_like_its_release(tmp_path):
+    root = _checkout(tmp_path, "0.13.0")
+    s = resolve_strategy(f"vllm-ascend={root}")
+    release = resolve_strategy("vllm-ascend==0.13.0")
+    assert s.name == f"vllm-ascend={root.name}" and s.releases == "vllm-ascend checkout (0.13.0)"
+    assert s.platform == release.platform == "ascend-align128"
+    d = deployment()
+    plan = plan_for(d, s.platform)
+    meta = torch.device("meta")
+    assert _layout(s.allocate(plan, meta, False)) == _layout(release.allocate(plan, meta, False))
+
+
+def test_a_checkout_without_a_version_is_planned_with_the_newest_rule(tmp_path):
+    root = _checkout(tmp_path, "0.18.0")
+    (root / "vllm_ascend" / "_version.py").unlink()
+    s = resolve_strategy(f"vllm-ascend={root}")
+    assert s.releases == "vllm-ascend checkout (no version found)" and s.platform == releases.ERAS[-1][1]
+
+
+def test_a_path_that_is_not_a_checkout_is_exit_2(tmp_path):
+    with pytest.raises(UsageError, match="not a vllm-ascend source checkout"):
+        resolve_strategy(f"vllm-ascend={tmp_path}")
+
+
+def test_installed_says_when_vllm_ascend_is_absent():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm_ascend") is not None:
+        pytest.skip("vllm-ascend is installed here")
+    s = resolve_strategy("installed")
+    assert "vllm-ascend is not installed" in s.note and "no vllm-ascend" in s.releases
