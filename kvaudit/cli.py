@@ -48,6 +48,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _audit_options(p: argparse.ArgumentParser) -> None:
+    _deployment_options(p)
+    p.add_argument("--strategy", "-s", action="append", default=[],
+                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, "
+                        "vllm-ascend==VERSION, vllm-ascend=PATH (a source checkout), module:function, or a "
+                        "kvaudit.strategies entry point; repeatable")
+    p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
+    p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"relative tolerance on the planned bytes ({DEFAULT_TOLERANCE})")
+    p.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
+                   help="table, or json (stdout holds only the JSON)")
+    p.add_argument("--detail", choices=[d.value for d in Detail], default="layers",
+                   help="table detail: summary, groups, layers (default)")
+
+
+def _deployment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int,
                    help="tensor-parallel size (the preset's, else 1)")
     p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
@@ -78,17 +94,6 @@ def _audit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, help="override num_blocks (vLLM's num_gpu_blocks_override): a scaled plan")
     p.add_argument("--kv-transfer", action="store_true",
                    help="a KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers")
-    p.add_argument("--strategy", "-s", action="append", default=[],
-                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, "
-                        "vllm-ascend==VERSION, module:function, or a kvaudit.strategies entry point; repeatable")
-    p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
-    p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help=f"relative tolerance on the planned bytes ({DEFAULT_TOLERANCE})")
-    p.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
-                   help="table, or json (stdout holds only the JSON)")
-    p.add_argument("--detail", choices=[d.value for d in Detail], default="layers",
-                   help="table detail: summary, groups, layers (default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help="a config.json, or a model directory holding one")
     plan.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
     _audit_options(plan)
+    hist = sub.add_parser(
+        "history", help="audit every published vllm-ascend release's own code on one model: where it changed",
+        description="Audit every published vllm-ascend release's own KV-cache allocation code (from its sdist, "
+                    "fetched once into the cache) on one deployment, in one process, on the meta meter: one row "
+                    "per release with its ratio, storages and verdict, and the release where the ratio changed "
+                    "with the pull request behind it where known.")
+    hist.add_argument("model", help=f"a shipped model ({', '.join(PRESETS)}) or a config.json path")
+    hist.add_argument("--since", help="the first release to audit (default: every published one)")
+    _deployment_options(hist)
+    hist.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
+                      help="table, or json (stdout holds only the JSON)")
     models = sub.add_parser(
         "models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
         description="List the presets: title, architecture, layer mix per kind, deployment, config.")
@@ -273,6 +289,40 @@ def triage_command(a: argparse.Namespace) -> int:
     return 0
 
 
+def history_command(a: argparse.Namespace) -> int:
+    """Every published vllm-ascend release's own allocation code on one deployment; table or JSON."""
+    import json
+
+    from kvaudit.history import history, published
+    from kvaudit.plan import vllm_version
+
+    a.preset, a.config = (a.model, None) if a.model in PRESETS else (None, a.model)
+    spec, p = _model(a)
+    d = _deployment(a, spec, p)
+    versions, source = published(a.since)
+    if not versions:
+        raise UsageError(f"no vllm-ascend release from {a.since} on in {source}")
+    _note(f"kvaudit: auditing {len(versions)} vllm-ascend releases from {source} on the meta meter, planned by "
+          f"vLLM {vllm_version()} (first fetch of each sdist takes a few seconds)")
+    rows = history(d, versions, progress=(lambda v: _note(f"  {v}")) if sys.stderr.isatty() else None)
+    if a.fmt == "json":
+        doc = {"model": spec.name, "deployment": d.to_dict(), "planned_with_vllm": vllm_version(),
+               "meter": "meta", "releases": [r.to_dict() for r in rows]}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        print(f"{spec.name}: TP {d.tp}, util {d.gpu_memory_utilization}, planned by vLLM {vllm_version()}, meter meta "
+              "(accounting, not a device measurement)")
+        print(f"{'release':14} {'ratio':>7} {'storages':>9}  {'verdict':11} change")
+        for r in rows:
+            ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
+            storages = f"{r.storages}" if r.storages is not None else "—"
+            change = ("← changed" + (f": {r.pr}" if r.pr else "")) if r.changed else (r.reason or "")
+            print(f"{r.version:14} {ratio:>7} {storages:>9}  {r.verdict:11} {change}")
+    audited = [r for r in rows if r.ratio is not None]
+    return 1 if any(r.verdict == "FAIL" for r in audited) and audited[-1].verdict == "FAIL" else (
+        0 if audited else 3)
+
+
 def meters_command(a: argparse.Namespace) -> int:
     """Print every meter with its availability or refusal reason."""
     from kvaudit.meters import meter_table
@@ -314,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    commands = {"audit", "meters", "models", "plan", "triage", *PRESETS}
+    commands = {"audit", "meters", "models", "plan", "triage", "history", *PRESETS}
     try:
         if not argv:
             parser.print_help(sys.stderr)
@@ -322,12 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         first = argv[0]
         if not first.startswith("-") and first not in commands:
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: audit, plan, models, triage, meters)")
+                             f"commands: audit, plan, models, triage, history, meters)")
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
         run = {"meters": meters_command, "models": models_command, "plan": plan_command,
-               "triage": triage_command}.get(
+               "triage": triage_command, "history": history_command}.get(
             args.command, audit_command)
         return run(args)
     except KvauditError as e:

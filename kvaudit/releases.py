@@ -38,12 +38,12 @@ def cache_dir() -> Path:
 
 
 def version_key(v: str) -> tuple:
-    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.1``."""
-    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?", v)
+    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.0.post1`` < ``0.11.1``."""
+    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?(?:\.post(\d+))?", v)
     if not m:
         return (0,)
-    major, minor, patch, rc = m.groups()
-    return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20)
+    major, minor, patch, rc, post = m.groups()
+    return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20, int(post or 0))
 
 
 ERAS = (
@@ -56,6 +56,12 @@ ERAS = (
 """vllm-ascend's releases by how they plan and allocate a hybrid model's KV cache."""
 
 
+FIRST_HYBRID = "0.10.2rc1"
+"""The first vllm-ascend release that can allocate a hybrid plan; before it the allocation asserts one
+layer per KV-cache tensor."""
+ERA_PRS = {"0.12.0rc1": "#3760 (vllm-ascend PR: halves the per-layer duplication)",
+           "0.16.0rc1": "#6887 (vllm-ascend PR: one buffer per shared tensor)"}
+"""The pull requests that start an era, where the release notes name none."""
 FIXED_IN = ERAS[-2][0]
 """The first vllm-ascend release that allocates a hybrid model's plan exactly: v0.16.0rc1, with
 vllm-ascend PR #6887 (one buffer per shared tensor). PR #3760 (v0.12.0rc1) halved the waste."""

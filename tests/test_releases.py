@@ -157,3 +157,34 @@ def test_installed_says_when_vllm_ascend_is_absent():
         pytest.skip("vllm-ascend is installed here")
     s = resolve_strategy("installed")
     assert "vllm-ascend is not installed" in s.note and "no vllm-ascend" in s.releases
+
+
+def test_history_finds_where_the_allocation_changed():
+    from kvaudit.history import history
+
+    rows = history(deployment(), ["0.10.1rc1", "0.11.0", "0.13.0", "0.18.0"])
+    assert [(r.version, r.ratio, r.storages, r.verdict, r.changed) for r in rows] == [
+        ("0.10.1rc1", None, None, "not audited", False), ("0.11.0", 4.0, 60, "FAIL", False),
+        ("0.13.0", 2.0, 36, "FAIL", True), ("0.18.0", 1.0, 12, "PASS", True)]
+    assert "cannot serve hybrid models" in rows[0].reason
+    assert rows[2].pr is None  # 0.13.0 is not where PR #3760 landed; 0.12.0rc1 is
+    assert releases.ERA_PRS["0.12.0rc1"].startswith("#3760") and releases.ERA_PRS["0.16.0rc1"].startswith("#6887")
+
+
+def test_history_through_the_cli(capsys, monkeypatch):
+    import json
+
+    from kvaudit import history
+    from kvaudit.cli import main
+
+    monkeypatch.setattr(history, "published", lambda since=None: (["0.13.0", "0.18.0"], "a test list"))
+    code = main(["history", "qwen3-next", "--util", "0.7", "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and [(r["version"], r["ratio"], r["changed"]) for r in doc["releases"]] == [
+        ("0.13.0", 2.0, False), ("0.18.0", 1.0, True)]
+    assert doc["meter"] == "meta" and doc["planned_with_vllm"]
+
+
+def test_version_order_counts_post_releases():
+    assert sorted(["0.23.0.post1", "0.24.0rc1", "0.23.0", "0.23.0rc1"], key=releases.version_key) == [
+        "0.23.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1"]
