@@ -18,7 +18,7 @@ from typing import Any
 
 from kvaudit.deployment import Deployment
 from kvaudit.errors import KvauditError
-from kvaudit.releases import (ERA_PRS, FIRST_HYBRID, PACKAGE, cache_dir, fetch_sdist, release_strategy,
+from kvaudit.releases import (ERA_PRS, ERAS, FIRST_HYBRID, PACKAGE, cache_dir, fetch_sdist, release_strategy,
                               version_key)
 from kvaudit.runner_code import SourceTree
 
@@ -68,10 +68,13 @@ def history(d: Deployment, versions: list[str], progress: Any = None) -> list[Ro
     plans: dict[str, Any] = {}
     rows: list[Row] = []
     last: float | None = None
+    newest = ERAS[-1][1]
+    plans[newest] = build_plan(d, newest)
+    hybrid = any(len(t.shared_by) > 1 for t in plans[newest].tensors)
     for v in versions:
         if progress:
             progress(v)
-        if version_key(v) < version_key(FIRST_HYBRID):
+        if hybrid and version_key(v) < version_key(FIRST_HYBRID):  # known without fetching it
             rows.append(Row(v, None, None, "not audited", f"releases before {FIRST_HYBRID} cannot serve hybrid "
                                                           "models: they assert one layer per KV-cache tensor"))
             continue

@@ -8,6 +8,7 @@ made with the block-size rule of that release. vllm_ascend itself is never impor
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -16,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import StrategyFailed, UsageError
+from kvaudit.errors import NotAuditable, StrategyFailed, UsageError
 from kvaudit.results import KVPlan
-from kvaudit.runner_code import Extracted, SourceTree, extract_allocator
+from kvaudit.runner_code import Extracted, SourceTree, extract_allocator, extract_method, installed_tree
 from kvaudit.strategies import RawTensors, Strategy
 
 PACKAGE = "vllm-ascend"
@@ -148,40 +149,106 @@ def _fetch_error(version: str, output: str) -> Exception:
                           f"{errors[-1] if errors else 'pip download failed'}")
 
 
-def stand_in_attributes(device: Any, kv_transfer: bool) -> dict[str, Any]:
-    """What vllm-ascend's allocation code may read from its runner, for a non-MLA, non-sparse
-    model without FA quantization: the values ``NPUModelRunner.__init__`` sets in that case."""
-    return {
-        "device": device,
-        "vllm_config": {"kv_transfer_config": _KVTransfer() if kv_transfer else None, "quant_config": None},
-        "model_config": {"use_mla": False},
-        "runner_only_attn_layers": set(),
-        "use_sparse": False,
-        "use_sparse_c8_indexer": False,
-        "is_kv_consumer": False,
-        "use_compress": False,
-        "hybrid_with_attn_and_mamba": False,
+KV_CONNECTOR = "MooncakeConnectorV1"
+"""The KV connector of a ``--kv-transfer`` deployment as release code sees it: the Mooncake connector
+vllm-ascend's P/D guides deploy. From 0.28 the allocation depends on it (shared backing only for the
+connectors a release lists); before, only ``kv_transfer_config is None`` is tested."""
+
+
+def stand_in_runner(plan: KVPlan, device: Any, kv_transfer: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What vllm-ascend's allocation code may read from its ``NPUModelRunner``: the attributes its
+    ``__init__`` sets (from vLLM's real config objects of the plan, computed as ``__init__`` computes
+    them) and the vLLM base-class methods it calls, bound to real vLLM objects: the attention groups
+    are the built model's layers grouped by backend per KV-cache group, as vLLM's runner groups them.
+    ``ascend_config`` carries vllm-ascend's defaults (no KV pooling, no xlite graph, no sparse KV
+    offload). Anything else the code reads stops the audit, naming it."""
+    from kvaudit.plan import load_vllm
+
+    load_vllm()
+    vc = copy.copy(plan.vllm_config)
+    if kv_transfer:
+        from vllm.config import KVTransferConfig
+
+        object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=KV_CONNECTOR,
+                                                                      kv_role="kv_producer"))
+    else:
+        object.__setattr__(vc, "kv_transfer_config", None)
+    mc = vc.model_config
+    text = getattr(mc, "hf_text_config", mc.hf_config)
+    use_compress = hasattr(mc.hf_config, "compress_ratios")
+    offload = {"enabled": False, "keep_device_kv_cache": True}
+    attributes = {
+        "device": device, "vllm_config": vc, "model_config": mc, "compilation_config": vc.compilation_config,
+        "cache_config": vc.cache_config, "kv_cache_config": plan.kv_cache_config,
+        "ascend_config": {"kvpp_config": {"size": 1}, "xlite_graph_config": {"enabled": False},
+                          "sparse_kv_offload_config": offload},
+        "runner_only_attn_layers": set(), "use_compress": use_compress,
+        "use_sparse": hasattr(text, "index_topk") and not use_compress,
+        "use_sparse_c8_indexer": False, "is_kv_consumer": False, "hybrid_with_attn_and_mamba": False,
+        "sparse_kv_offload_config": offload, "sparse_kv_offload_enabled": False, "tp_rank": 0, "dcp_size": 1,
+        "attn_groups": _attention_groups(plan),
     }
+    methods = {}
+    vllm_tree = installed_tree("vllm", "vLLM")
+    iterator = vllm_tree and extract_method(vllm_tree, "vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
+                                            "_kv_cache_spec_attn_group_iterator")
+    if iterator is not None:
+        methods["_kv_cache_spec_attn_group_iterator"] = iterator  # vLLM's own, from its source
+    return attributes, methods
 
 
-class _KVTransfer:
-    """A KV-transfer config stand-in: the allocation code only tests it against ``None``."""
+def _attention_groups(plan: KVPlan) -> list[list[Any]]:
+    """vLLM's ``AttentionGroup`` objects for the plan: per KV-cache group, its layers (the built model's
+    modules) grouped by the attention backend each chose."""
+    from vllm.v1.worker.utils import AttentionGroup
 
-    is_kv_consumer = False
-    is_kv_producer = True
+    layers = plan.vllm_config.compilation_config.static_forward_context
+    out = []
+    for i, g in enumerate(plan.kv_cache_config.kv_cache_groups):
+        by_backend: dict[Any, list[str]] = {}
+        for name in g.layer_names:
+            if name in layers and hasattr(layers[name], "get_attn_backend"):
+                by_backend.setdefault(layers[name].get_attn_backend(), []).append(name)
+        out.append([AttentionGroup(backend=b, layer_names=names, kv_cache_spec=g.kv_cache_spec, kv_cache_group_id=i)
+                    for b, names in by_backend.items()])
+    return out
 
 
 def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: bool) -> RawTensors:
-    """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``."""
-    return code.call(plan.shared_by_config(), stand_in_attributes(device, kv_transfer))
+    """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``, in the format it
+    reads: vLLM's own ``KVCacheConfig`` for code that reads ``KVCacheTensor.layer_stride`` (vllm-ascend
+    0.28+), else the ``shared_by`` view."""
+    attributes, methods = stand_in_runner(plan, device, kv_transfer)
+    if code.reads_layer_strides:
+        if plan.plan_format != "layers":
+            raise StrategyFailed(f"{code.label}'s allocation code reads vLLM's KVCacheTensor.layers / layer_stride "
+                                 f"(vLLM 0.29+); this plan was made by a vLLM that plans in the shared_by format")
+        return code.call(plan.kv_cache_config, attributes, methods)
+    return code.call(plan.shared_by_config(), attributes, methods)
 
 
 def release_strategy(version: str) -> Strategy:
     """The strategy that runs vllm-ascend ``version``'s own allocation code."""
+    from kvaudit.plan import load_vllm
+
     tarball = fetch_sdist(version)
+    load_vllm()  # vLLM's modules importable (and torchvision's ops declared) before the code's imports bind
     label = f"{PACKAGE} {version}"
-    code = extract_allocator(SourceTree(label, tarball=tarball), RUNNER_MODULE, RUNNER_CLASS)
-    return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code)
+    tree = SourceTree(label, tarball=tarball)
+    try:
+        code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
+    except StrategyFailed as e:
+        if version_key(version) >= version_key(FIRST_HYBRID):
+            raise
+        why = (f"{label} cannot serve hybrid models: its allocation asserts one layer per KV-cache tensor (hybrid "
+               f"support starts at {FIRST_HYBRID}); its runner also predates the method kvaudit runs ({e.message})")
+
+        def refuse(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+            raise NotAuditable(why)
+
+        return Strategy(f"{PACKAGE}=={version}", "not runnable here", platform_for(version), label, refuse)
+    return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code,
+                          pinned_vllm(tree))
 
 
 def checkout_strategy(path: str) -> Strategy:
@@ -192,9 +259,20 @@ def checkout_strategy(path: str) -> Strategy:
         raise UsageError(f"vllm-ascend={path}: not a vllm-ascend source checkout (no "
                          f"{RUNNER_MODULE.replace('.', '/')}.py under it)")
     version = checkout_version(root)
-    code = extract_allocator(SourceTree(f"{PACKAGE} checkout {root}", root=root), RUNNER_MODULE, RUNNER_CLASS)
+    from kvaudit.plan import load_vllm
+
+    load_vllm()
+    tree = SourceTree(f"{PACKAGE} checkout {root}", root=root)
+    code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
     return _code_strategy(f"{PACKAGE}={root.name}", f"{code.method} from {root}",
-                          f"{PACKAGE} checkout ({version or 'no version found'})", version, code)
+                          f"{PACKAGE} checkout ({version or 'no version found'})", version, code, pinned_vllm(tree))
+
+
+def pinned_vllm(tree: SourceTree) -> str | None:
+    """The vLLM a vllm-ascend tree is built against: its Dockerfile's ``ARG VLLM_TAG=vX`` (the releases
+    pin vLLM there, not in their requirements)."""
+    m = re.search(r"^ARG VLLM_TAG=v?(\S+)", tree.read("Dockerfile") or "", re.M)
+    return m.group(1) if m else None
 
 
 def checkout_version(root: Path) -> str | None:
@@ -211,9 +289,24 @@ def checkout_version(root: Path) -> str | None:
     return None
 
 
-def _code_strategy(name: str, title: str, label: str, version: str | None, code: Extracted) -> Strategy:
+def _code_strategy(name: str, title: str, label: str, version: str | None, code: Extracted,
+                   pins: str | None = None) -> Strategy:
     """A strategy that runs extracted vllm-ascend allocation code, planned with the block-size rule of
-    its era (the newest era's when the version is unknown)."""
+    its era (the newest era's when the version is unknown); a release older than ``FIRST_HYBRID``
+    cannot allocate a plan whose tensors several layers share, and is not audited on one."""
+    from kvaudit.plan import vllm_version
+
     platform = platform_for(version) if version else ERAS[-1][1]
-    return Strategy(name=name, title=title, platform=platform, releases=label,
-                    allocate=lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device, kv_transfer))
+    planner = vllm_version()
+    note = (f"{label} is built against vLLM {pins}; the plans here are made by vLLM {planner}"
+            if pins and planner and pins != planner else "")
+    pre_hybrid = version is not None and version_key(version) < version_key(FIRST_HYBRID)
+
+    def allocate(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+        if pre_hybrid and any(len(t.shared_by) > 1 for t in plan.tensors):
+            raise NotAuditable(f"{label} cannot serve hybrid models: its allocation asserts one layer per "
+                               f"KV-cache tensor (hybrid support starts at {FIRST_HYBRID})")
+        return allocate_extracted(code, plan, device, kv_transfer)
+
+    return Strategy(name=name, title=title, platform=platform,
+                    releases=label + (f" (pins vLLM {pins})" if pins else ""), allocate=allocate, note=note)

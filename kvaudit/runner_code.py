@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import copy
 import importlib
+import importlib.abc
 import importlib.util
+import sys
 import tarfile
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kvaudit.errors import StrategyFailed
 
 ALLOCATE = "_allocate_kv_cache_tensors"
 INITIALIZE = "initialize_kv_cache_tensors"
+
+
+_OTHER_FILES = ("Dockerfile", "docs/source/user_guide/release_notes.md")
+"""Besides the Python sources: the vLLM a release pins (its Dockerfile's ``VLLM_TAG``) and its notes."""
 
 
 class SourceTree:
@@ -34,7 +42,8 @@ class SourceTree:
         self._members: dict[str, str] | None = None
 
     def read(self, rel: str) -> str | None:
-        """The text of ``rel`` (e.g. ``vllm_ascend/utils.py``), or ``None`` if absent."""
+        """The text of ``rel`` (e.g. ``vllm_ascend/utils.py``; of the other files, ``_OTHER_FILES``), or
+        ``None`` if absent."""
         if self.root is not None:
             p = self.root / rel
             return p.read_text(encoding="utf-8") if p.is_file() else None
@@ -43,7 +52,8 @@ class SourceTree:
             with tarfile.open(self.tarball) as tf:  # type: ignore[arg-type]
                 for m in tf:
                     rest = m.name.partition("/")[2]
-                    if m.isfile() and rest.endswith(".py") and (f := tf.extractfile(m)) is not None:
+                    if m.isfile() and (rest.endswith(".py") or rest in _OTHER_FILES) and \
+                            (f := tf.extractfile(m)) is not None:
                         self._members[rest] = f.read().decode("utf-8", errors="replace")
         return self._members.get(rel)
 
@@ -64,6 +74,12 @@ def installed_tree(package: str, label: str) -> SourceTree | None:
     return SourceTree(label, root=Path(list(spec.submodule_search_locations)[0]).parent)
 
 
+class Unprovided(StrategyFailed, AttributeError):
+    """Allocation code read a runner attribute kvaudit does not provide: exit 3, naming it. Being an
+    ``AttributeError`` too, code that guards with ``getattr(self, name, default)`` gets the default, as
+    it would on a runner whose ``__init__`` did not set that attribute."""
+
+
 class _Attrs:
     """A stand-in object: known attributes only; reading any other one names it and stops."""
 
@@ -76,17 +92,22 @@ class _Attrs:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise StrategyFailed(f"{self._owner} reads {self._path}.{name}, which kvaudit's runner stand-in "
-                             "does not provide (a version kvaudit does not know yet)")
+        raise Unprovided(f"{self._owner} reads {self._path}.{name}, which kvaudit's runner stand-in "
+                         "does not provide (a version kvaudit does not know yet)")
 
 
 def _missing(label: str, name: str, origin: str) -> type:
-    """A placeholder for a name the code imports but kvaudit cannot load: harmless until used."""
+    """A placeholder for a name the code imports but kvaudit cannot load: harmless until used. Used as a
+    class in ``isinstance``/``issubclass`` it matches nothing, which is exact: every object the code
+    gets (vLLM's plan and specs, the built model's layers) is vLLM's, never one of a class kvaudit
+    cannot load. Called, or read from, it stops the audit naming itself."""
     def fail(*_a: Any, **_k: Any) -> Any:
         raise StrategyFailed(f"{label}'s allocation code uses {name} (from {origin}), which kvaudit cannot load")
 
-    meta = type(f"Missing_{name}_meta", (type,), {"__instancecheck__": fail, "__subclasscheck__": fail,
-                                                  "__call__": fail, "__getattr__": lambda c, a: fail()})
+    meta = type(f"Missing_{name}_meta", (type,), {"__instancecheck__": lambda c, o: False,
+                                                  "__subclasscheck__": lambda c, o: False,
+                                                  "__call__": fail, "__getattr__": lambda c, a: fail(),
+                                                  "__iter__": fail, "__contains__": fail, "__len__": fail})
     return meta(name, (), {})
 
 
@@ -101,11 +122,19 @@ class Extracted:
     helpers: tuple[str, ...]
     """Module-level helpers taken from the same source tree."""
 
-    def call(self, kv_cache_config: Any, attributes: dict[str, Any]) -> dict:
-        """Run the allocation on a stand-in ``self`` carrying ``attributes``."""
-        cls = type("RunnerStandIn", (_Attrs,), dict(self.functions))
+    package: str = "vllm_ascend"
+    """The code's own package: imports of it inside functions get placeholders when it is not installed."""
+    reads_layer_strides: bool = False
+    """The code reads ``KVCacheTensor.layer_stride`` (vLLM 0.29+'s plan format, vllm-ascend 0.28+):
+    it must be handed vLLM's own ``KVCacheConfig``, not the ``shared_by`` view."""
+
+    def call(self, kv_cache_config: Any, attributes: dict[str, Any], methods: dict[str, Callable] | None = None) -> dict:
+        """Run the allocation on a stand-in ``self`` carrying ``attributes`` and, besides the extracted
+        ones, ``methods`` (the runner's base-class methods the code calls, e.g. vLLM's own)."""
+        cls = type("RunnerStandIn", (_Attrs,), {**(methods or {}), **self.functions})
         runner = cls(self.label + "'s " + self.method, "self", attributes)
-        return getattr(runner, ALLOCATE)(kv_cache_config)
+        with _placeholder_package(self.package, self.label):
+            return getattr(runner, ALLOCATE)(kv_cache_config)
 
 
 def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extracted:
@@ -140,7 +169,65 @@ def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extract
     loader.bind(rel, mod, list(chosen.values()), namespace)
     compiled = ast.Module(body=[_bare(fn) for fn in chosen.values()], type_ignores=[])
     exec(compile(ast.fix_missing_locations(compiled), f"{tree.label}:{rel}", "exec"), namespace)
-    return Extracted(tree.label, where, {name: namespace[name] for name in chosen}, tuple(loader.helpers))
+    read = {n.attr for fn in list(chosen.values()) + loader.nodes for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+    return Extracted(tree.label, where, {name: namespace[name] for name in chosen}, tuple(loader.helpers),
+                     module.split(".")[0], "layer_stride" in read)
+
+
+class _PlaceholderModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``package`` and its submodules, when the package is not installed, as modules whose every
+    name is a ``_missing`` placeholder: what allocation code imports inside a function (``from
+    vllm_ascend.core.kv_cache_interface import X``) then behaves as its module-level imports do."""
+
+    def __init__(self, package: str, label: str) -> None:
+        self.package, self.label = package, label
+        self.made: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:  # noqa: D102
+        if fullname == self.package or fullname.startswith(self.package + "."):
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> Any:  # noqa: D102
+        mod = types.ModuleType(spec.name)
+        mod.__path__ = []  # type: ignore[attr-defined]
+        mod.__getattr__ = lambda name: _missing(self.label, name, spec.name)  # type: ignore[attr-defined]
+        self.made.append(spec.name)
+        return mod
+
+    def exec_module(self, module: Any) -> None:  # noqa: D102
+        return None
+
+
+@contextlib.contextmanager
+def _placeholder_package(package: str, label: str) -> Iterator[None]:
+    if importlib.util.find_spec(package) is not None:  # installed (an Ascend host): the real modules
+        yield
+        return
+    finder = _PlaceholderModules(package, label)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in finder.made:
+            sys.modules.pop(name, None)
+
+
+def extract_method(tree: SourceTree, module: str, class_name: str, name: str) -> Callable | None:
+    """One method of ``class_name`` in ``module`` (from ``tree``), compiled alone, or ``None`` where the
+    class has no such method: a runner base-class method the allocation code calls."""
+    rel = tree.module_file(module)
+    mod = ast.parse(tree.read(rel) or "", filename=rel) if rel else None
+    cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None) if mod else None
+    fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None) if cls else None
+    if rel is None or mod is None or fn is None:
+        return None
+    namespace: dict[str, Any] = {"__name__": f"kvaudit_extracted_{module}", "__builtins__": builtins}
+    _Loader(tree).bind(rel, mod, [fn], namespace)
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[_bare(fn)], type_ignores=[])), f"{tree.label}:{rel}",
+                 "exec"), namespace)
+    return namespace[name]
 
 
 def _cut_allocation_loop(fn: ast.FunctionDef, label: str) -> ast.FunctionDef:
@@ -176,12 +263,14 @@ def _self_methods(fn: ast.AST, methods: dict[str, ast.AST]) -> list[str]:
 
 
 def _bare(fn: ast.FunctionDef) -> ast.FunctionDef:
-    """The function without decorators and without argument/return annotations (evaluated at def
-    time; the code's behaviour does not depend on them)."""
+    """The function without argument/return annotations (evaluated at def time; the code's behaviour
+    does not depend on them) and without decorators but ``@property``, which changes what reading the
+    name gives (a value, not a bound method that is always true)."""
     fn = copy.deepcopy(fn)  # keeps the source's line numbers for tracebacks
     for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
         a.annotation = None
-    fn.returns, fn.decorator_list = None, []
+    fn.returns = None
+    fn.decorator_list = [d for d in fn.decorator_list if isinstance(d, ast.Name) and d.id == "property"]
     return fn  # type: ignore[return-value]
 
 
@@ -212,6 +301,8 @@ class _Loader:
         self.tree = tree
         self.compiled: dict[tuple[str, str], Any] = {}
         self.helpers: list[str] = []
+        self.nodes: list[ast.AST] = []
+        """The helpers' syntax trees, to see what they read."""
 
     def bind(self, rel: str, mod: ast.Module, fns: list[ast.AST], namespace: dict[str, Any]) -> None:
         """Bind every global name ``fns`` (from module file ``rel``) load into ``namespace``."""
@@ -219,15 +310,25 @@ class _Loader:
         package = module_name.split(".")[0]
         imports = _imports(mod, module_name)
         top_defs = {n.name: n for n in mod.body if isinstance(n, ast.FunctionDef)}
+        top_classes = {n.name: n for n in mod.body if isinstance(n, ast.ClassDef)}
+        constants = _constants(mod)
         for name in sorted({n.id for fn in fns for n in ast.walk(fn)
                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}):
             if name in namespace or hasattr(builtins, name):
                 continue
             if name in top_defs:
                 namespace[name] = self.helper(rel, mod, top_defs[name])
+            elif name in top_classes:
+                namespace[name] = self.klass(rel, mod, top_classes[name])
+            elif name in constants:
+                namespace[name] = constants[name]
             elif name in imports and imports[name][0].split(".")[0] == package:
                 source, attr = imports[name]
-                namespace[name] = self.from_tree(source, attr or name, name)
+                module = source if attr is None else f"{source}.{attr}"
+                if self.tree.module_file(module) is not None and (attr is None or self._is_module(source, attr)):
+                    namespace[name] = self.module(module, name)  # `import vllm_ascend.envs as envs_ascend`
+                else:
+                    namespace[name] = self.from_tree(source, attr or name, name)
             elif name in imports:
                 namespace[name] = _import(*imports[name], self.tree.label, name)
             else:
@@ -237,10 +338,53 @@ class _Loader:
         """A module-level function of the same source tree, compiled from its source."""
         rel = self.tree.module_file(module)
         mod = ast.parse(self.tree.read(rel) or "", filename=rel) if rel else None
-        node = next((n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == attr), None) if mod else None
+        node = next((n for n in mod.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == attr),
+                    None) if mod else None
+        if mod is not None and node is None and attr in (constants := _constants(mod)):
+            return constants[attr]
         if rel is None or mod is None or node is None:
             return _missing(self.tree.label, name, module)
-        return self.helper(rel, mod, node)
+        return self.klass(rel, mod, node) if isinstance(node, ast.ClassDef) else self.helper(rel, mod, node)
+
+    def klass(self, rel: str, mod: ast.Module, node: ast.ClassDef) -> Any:
+        """A module-level class of the tree (an enum, a spec subclass), compiled with its decorators; one
+        whose body needs what kvaudit cannot load stays a placeholder."""
+        key = (rel, node.name)
+        if key not in self.compiled:
+            own: dict[str, Any] = {"__name__": f"kvaudit_extracted_{rel}", "__builtins__": builtins}
+            self.compiled[key] = _missing(self.tree.label, node.name, rel)
+            try:
+                self.bind(rel, mod, [node], own)
+                exec(compile(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])),
+                             f"{self.tree.label}:{rel}", "exec"), own)
+            except Exception:
+                return self.compiled[key]
+            self.compiled[key] = own[node.name]
+            self.helpers.append(f"{rel[:-3].replace('/', '.')}.{node.name}")
+        return self.compiled[key]
+
+    def _is_module(self, package: str, attr: str) -> bool:
+        """Whether ``from package import attr`` names a module of the tree rather than a function."""
+        rel = self.tree.module_file(package)
+        mod = ast.parse(self.tree.read(rel) or "", filename=rel) if rel else None
+        defined = {n.name for n in mod.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} if mod else set()
+        return attr not in defined
+
+    def module(self, module: str, name: str) -> Any:
+        """A module of the tree run whole (``vllm_ascend.envs``: settings read from the environment). One
+        that imports what kvaudit cannot load (the NPU stack) stays a placeholder, harmless until used."""
+        key = (module, "")
+        if key not in self.compiled:
+            rel = self.tree.module_file(module)
+            mod = types.ModuleType(f"kvaudit_extracted_{module}")
+            try:
+                exec(compile(self.tree.read(rel) or "", f"{self.tree.label}:{rel}", "exec"), mod.__dict__)
+            except Exception:
+                self.compiled[key] = _missing(self.tree.label, name, module)
+            else:
+                self.compiled[key] = mod
+                self.helpers.append(module)
+        return self.compiled[key]
 
     def helper(self, rel: str, mod: ast.Module, fn: ast.FunctionDef) -> Any:
         key = (rel, fn.name)
@@ -252,7 +396,29 @@ class _Loader:
                          f"{self.tree.label}:{rel}", "exec"), own)
             self.compiled[key] = own[fn.name]
             self.helpers.append(f"{rel[:-3].replace('/', '.')}.{fn.name}")
+            self.nodes.append(fn)
         return self.compiled[key]
+
+
+def _constants(mod: ast.Module) -> dict[str, Any]:
+    """Module-level names bound to literals (``X = 2 * 1024 * 1024`` aside, ``frozenset({...})`` too)."""
+    out: dict[str, Any] = {}
+    for n in mod.body:
+        target = (n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else
+                  n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None)
+        if not isinstance(target, ast.Name):
+            continue
+        value = n.value
+        wrap = None
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in (
+                "frozenset", "set", "tuple") and len(value.args) == 1 and not value.keywords:
+            wrap, value = {"frozenset": frozenset, "set": set, "tuple": tuple}[value.func.id], value.args[0]
+        try:
+            literal = ast.literal_eval(value)  # type: ignore[arg-type]
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        out[target.id] = wrap(literal) if wrap else literal
+    return out
 
 
 def _import(module: str, attr: str | None, label: str, name: str) -> Any:

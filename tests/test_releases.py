@@ -15,7 +15,14 @@ from kvaudit.errors import StrategyFailed, UsageError
 from kvaudit.strategies import STRATEGIES, resolve_strategy
 from conftest import deployment, plan_for
 
-PARITY = {"0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16"}
+PARITY = {"0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",
+          "0.26.0rc1": "ascend-0.16"}
+"""A release of each era whose code allocates from the shared_by view, and the built-in that restates it
+(0.24 added an SFA-indexer branch, 0.26 a hidden-state buffer and sparse KV offload: same storages
+for the models kvaudit ships)."""
+LAYER_STRIDED = ("0.28.0rc1", "0.29.0rc1", "0.30.0rc2")
+"""Releases whose code reads vLLM 0.29+'s plan format (KVCacheTensor.layers, layer_stride): 0.28 (two
+paths), 0.29 (KV-transfer gate by connector), 0.30 (the newest published; no gate)."""
 
 
 def _layout(raw: dict) -> tuple[dict, set]:
@@ -45,15 +52,28 @@ def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, 
     assert _layout(theirs) == _layout(ours)
 
 
-@pytest.mark.parametrize("version", list(PARITY))
+@pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.29.0rc1", "0.30.0rc2"])
 def test_release_code_on_the_dense_control(version):
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
 
     s = resolve_strategy(f"vllm-ascend=={version}")
     d = deployment("llama-3.1-8b")
-    r = run_audit(d, plan_for(d, s.platform), s, MetaMeter())
+    plan = plan_for(d, s.platform)
+    if version in LAYER_STRIDED:
+        _layers_plan_or_skip(plan)
+    r = run_audit(d, plan, s, MetaMeter())
     assert r.ratio == 1.0
+
+
+@pytest.mark.parametrize("version", ["0.24.0rc1", "0.26.0rc1"])
+def test_release_code_that_asks_the_npu_stops_naming_what(version):
+    """On a dense model 0.24-0.28 check FA quantization against the NPU's SoC (``_build_info``, written
+    when vllm-ascend is built for a chip): exit 3 naming it, never a silent skip."""
+    s = resolve_strategy(f"vllm-ascend=={version}")
+    d = deployment("llama-3.1-8b")
+    with pytest.raises(StrategyFailed, match=f"vllm-ascend {version}'s allocation code uses _build_info"):
+        s.allocate(plan_for(d, s.platform), torch.device("meta"), False)
 
 
 def test_the_sdist_is_cached(monkeypatch):
@@ -130,7 +150,7 @@ def test_a_source_checkout_is_audited_like_its_release(tmp_path):
     root = _checkout(tmp_path, "0.13.0")
     s = resolve_strategy(f"vllm-ascend={root}")
     release = resolve_strategy("vllm-ascend==0.13.0")
-    assert s.name == f"vllm-ascend={root.name}" and s.releases == "vllm-ascend checkout (0.13.0)"
+    assert s.name == f"vllm-ascend={root.name}" and s.releases == "vllm-ascend checkout (0.13.0) (pins vLLM 0.13.0)"
     assert s.platform == release.platform == "ascend-align128"
     d = deployment()
     plan = plan_for(d, s.platform)
@@ -142,7 +162,7 @@ def test_a_checkout_without_a_version_is_planned_with_the_newest_rule(tmp_path):
     root = _checkout(tmp_path, "0.18.0")
     (root / "vllm_ascend" / "_version.py").unlink()
     s = resolve_strategy(f"vllm-ascend={root}")
-    assert s.releases == "vllm-ascend checkout (no version found)" and s.platform == releases.ERAS[-1][1]
+    assert s.releases.startswith("vllm-ascend checkout (no version found)") and s.platform == releases.ERAS[-1][1]
 
 
 def test_a_path_that_is_not_a_checkout_is_exit_2(tmp_path):
@@ -188,3 +208,108 @@ def test_history_through_the_cli(capsys, monkeypatch):
 def test_version_order_counts_post_releases():
     assert sorted(["0.23.0.post1", "0.24.0rc1", "0.23.0", "0.23.0rc1"], key=releases.version_key) == [
         "0.23.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1"]
+
+
+
+def _layers_plan_or_skip(plan):
+    if plan.plan_format != "layers":
+        pytest.skip("needs a vLLM 0.29+ plan (KVCacheTensor.layers); this vLLM plans in the shared_by format")
+
+
+@pytest.mark.parametrize("version", LAYER_STRIDED)
+def test_layer_strided_release_code_lays_layers_out_as_vllms_plan_says(version):
+    """vllm-ascend 0.28+ on Qwen3-Next: one backing allocation, every layer at offset + l × layer_stride
+    for num_blocks × page bytes, exactly where vLLM's KVCacheTensor puts it (no private buffers)."""
+    s = resolve_strategy(f"vllm-ascend=={version}")
+    d = deployment()
+    plan = plan_for(d, s.platform)
+    _layers_plan_or_skip(plan)
+    raw = s.allocate(plan, torch.device("meta"), False)
+    cfg = plan.kv_cache_config
+    assert set(raw) == set(plan.layer_specs)
+    storages = {storage_key(t) for v in raw.values() for t in (v if isinstance(v, tuple) else (v,))}
+    assert len(storages) == 1
+    (backing,) = {t.untyped_storage().nbytes() for v in raw.values() for t in (v if isinstance(v, tuple) else (v,))}
+    assert backing == max(t.size for t in cfg.kv_cache_tensors) == plan.planned_bytes
+    pages = {n: g.kv_cache_spec.page_size_bytes for g in cfg.kv_cache_groups for n in g.layer_names}
+    for t in cfg.kv_cache_tensors:
+        for i, layer in enumerate(t.layers):
+            page = pages[layer]
+            view = raw[layer] if not isinstance(raw[layer], tuple) else raw[layer][0]
+            start, end = byte_span(view)
+            assert (start, end - start) == (t.offset + i * t.layer_stride, cfg.num_blocks * page), layer
+
+
+@pytest.mark.parametrize("version,storages", [("0.28.0rc1", 48), ("0.29.0rc1", 1), ("0.30.0rc2", 1)])
+def test_layer_strided_release_code_with_kv_transfer(version, storages):
+    """With a KV connector (Mooncake V1, as vllm-ascend's P/D guides deploy): 0.28 keeps the shared
+    backing only for the connectors it lists, so it gives each layer a private buffer (4.03× the plan,
+    which its worker offsets by shrinking the budget); 0.29 lists Mooncake V1; 0.30 drops the gate."""
+    from kvaudit.audit import run_audit
+    from kvaudit.meters import MetaMeter
+
+    s = resolve_strategy(f"vllm-ascend=={version}")
+    d = deployment(kv_transfer=True)
+    plan = plan_for(d, s.platform)
+    _layers_plan_or_skip(plan)
+    r = run_audit(d, plan, s, MetaMeter())
+    assert r.allocations == storages
+    assert (r.verdict.value, round(r.ratio, 2)) == (("FAIL", 4.03) if storages > 1 else ("PASS", 1.0))
+
+
+def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
+    from kvaudit.runner_code import Extracted
+    from kvaudit.plan import load_vllm
+
+    seen = []
+    real_call = Extracted.call
+
+    def spy(self, kv_cache_config, attributes, methods=None):
+        seen.append((kv_cache_config, attributes, methods))
+        return real_call(self, kv_cache_config, attributes, methods)
+
+    monkeypatch.setattr(Extracted, "call", spy)
+    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    d = deployment()
+    plan = plan_for(d, s.platform)
+    _layers_plan_or_skip(plan)
+    s.allocate(plan, torch.device("meta"), False)
+    (cfg, attributes, methods), = seen
+    iface = load_vllm().iface
+    assert cfg is plan.kv_cache_config and isinstance(cfg, iface.KVCacheConfig)
+    assert all(type(t) is iface.KVCacheTensor for t in cfg.kv_cache_tensors)
+    assert attributes["vllm_config"].model_config is plan.vllm_config.model_config  # vLLM's own config objects
+    groups = [g for per_group in attributes["attn_groups"] for g in per_group]
+    assert groups and {type(g).__module__ for g in groups} == {"vllm.v1.worker.utils"}
+    assert {n for g in groups for n in g.layer_names} == set(plan.layer_specs)
+    assert "_kv_cache_spec_attn_group_iterator" in methods  # vLLM's own method, compiled from its source
+
+
+def test_a_release_names_the_vllm_it_pins():
+    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    assert s.releases == "vllm-ascend 0.30.0rc2 (pins vLLM 0.30.0)"
+    assert "built against vLLM 0.30.0" in s.note and "made by vLLM" in s.note
+
+
+def test_a_release_before_hybrid_support_says_so_in_one_line():
+    from kvaudit.errors import NotAuditable
+
+    s = resolve_strategy("vllm-ascend==0.9.1")
+    d = deployment()
+    with pytest.raises(NotAuditable, match="cannot serve hybrid models: its allocation asserts one layer per"):
+        s.allocate(plan_for(d, s.platform), torch.device("meta"), False)
+
+
+def test_guarded_reads_get_their_default_and_unguarded_ones_stop():
+    from kvaudit.runner_code import Unprovided, _Attrs, _missing
+
+    runner = _Attrs("vllm-ascend X's runner", "self", {"device": "meta"})
+    assert getattr(runner, "compilation_config", None) is None  # getattr(self, name, default): the default
+    with pytest.raises(Unprovided, match="reads self.ascend_config"):
+        runner.ascend_config
+    placeholder = _missing("vllm-ascend X", "AscendSFAIndexerCacheSpec", "vllm_ascend.core.kv_cache_interface")
+    assert not isinstance(object(), placeholder)  # no vLLM object is an instance of it
+    with pytest.raises(StrategyFailed, match="uses AscendSFAIndexerCacheSpec"):
+        placeholder()
+    with pytest.raises(StrategyFailed, match="uses AscendSFAIndexerCacheSpec"):
+        "x" in placeholder
