@@ -64,6 +64,9 @@ def _audit_options(p: argparse.ArgumentParser) -> None:
 
 
 def _deployment_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vllm-python", metavar="PYTHON",
+                   help="plan (and audit) with the vLLM of another environment: its python, with torch, vLLM "
+                        "and rich installed (e.g. the vLLM a vllm-ascend release pins); kvaudit runs there")
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int,
                    help="tensor-parallel size (the preset's, else 1)")
     p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
@@ -360,12 +363,50 @@ def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
         _note(report.summary_line(rep))
 
 
+def _elsewhere(argv: list[str]) -> int | None:
+    """``--vllm-python PYTHON``: run this very command with another environment's interpreter (its vLLM
+    plans), kvaudit's own source on its path; its output and exit code are this command's."""
+    import subprocess
+    from pathlib import Path
+
+    if "--vllm-python" not in argv and not any(a.startswith("--vllm-python=") for a in argv):
+        return None
+    rest, python, i = [], None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--vllm-python":
+            if i + 1 >= len(argv):
+                raise UsageError("--vllm-python needs the path of a python executable")
+            python, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--vllm-python="):
+            python = a.partition("=")[2]
+        else:
+            rest.append(a)
+        i += 1
+    exe = Path(python or "").expanduser()
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(f"--vllm-python {python}: not an executable python")
+    if os.environ.get("KVAUDIT_IN_VLLM_PYTHON"):
+        raise UsageError("--vllm-python given inside a --vllm-python run")
+    source = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, KVAUDIT_IN_VLLM_PYTHON=str(exe),
+               PYTHONPATH=os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])))
+    _note(f"kvaudit: running with {exe} (its vLLM plans)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run([str(exe), "-m", "kvaudit", *rest], env=env).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     commands = {"audit", "meters", "models", "plan", "triage", "history", *PRESETS}
     try:
+        code = _elsewhere(argv or [])
+        if code is not None:
+            return code
         if not argv:
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT

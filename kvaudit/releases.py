@@ -9,6 +9,7 @@ made with the block-size rule of that release. vllm_ascend itself is never impor
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import subprocess
@@ -189,12 +190,17 @@ def stand_in_runner(plan: KVPlan, device: Any, kv_transfer: bool) -> tuple[dict[
         "attn_groups": _attention_groups(plan),
     }
     methods = {}
-    vllm_tree = installed_tree("vllm", "vLLM")
-    iterator = vllm_tree and extract_method(vllm_tree, "vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
-                                            "_kv_cache_spec_attn_group_iterator")
+    iterator = _vllm_runner_method("_kv_cache_spec_attn_group_iterator")
     if iterator is not None:
         methods["_kv_cache_spec_attn_group_iterator"] = iterator  # vLLM's own, from its source
     return attributes, methods
+
+
+@functools.lru_cache(maxsize=None)
+def _vllm_runner_method(name: str) -> Any:
+    """A method of the installed vLLM's ``GPUModelRunner``, compiled from its source once per process."""
+    tree = installed_tree("vllm", "vLLM")
+    return tree and extract_method(tree, "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", name)
 
 
 def _attention_groups(plan: KVPlan) -> list[list[Any]]:

@@ -313,3 +313,26 @@ def test_guarded_reads_get_their_default_and_unguarded_ones_stop():
         placeholder()
     with pytest.raises(StrategyFailed, match="uses AscendSFAIndexerCacheSpec"):
         "x" in placeholder
+
+
+def test_plan_with_another_environments_vllm(capfd):
+    """--vllm-python runs the command with another environment's interpreter: its vLLM plans."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from conftest import ROOT, VLLM_VERSION
+    from kvaudit.cli import _elsewhere, main
+
+    with pytest.raises(UsageError, match="not an executable python"):
+        _elsewhere(["qwen3-next", "--vllm-python", "/nonexistent/python"])
+    here = Path(sys.prefix).resolve()
+    other = next((p for p in (ROOT / ".venv-vllm-0.23.0" / "bin" / "python", ROOT / ".venv" / "bin" / "python")
+                  if p.is_file() and p.parent.parent.resolve() != here), None)
+    if other is None:
+        pytest.skip("no second kvaudit environment here (scripts/test makes one per tested vLLM)")
+    code = main(["qwen3-next", "--util", "0.7", "-s", "vllm", "--vllm-python", str(other), "--format", "json"])
+    out, err = capfd.readouterr()
+    doc = json.loads(out)
+    assert code == 0 and f"running with {other}" in err
+    assert doc["vllm_version"] != VLLM_VERSION
