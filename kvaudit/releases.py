@@ -1,9 +1,11 @@
-"""``--strategy vllm-ascend==X``: audit a published vllm-ascend release's own allocation code.
+"""``--strategy vllm-ascend==X`` and ``vllm-ascend=PATH``: a published vllm-ascend release's (or a source
+checkout's) own allocation code, and the release eras kvaudit's built-in strategies restate.
 
-kvaudit fetches the release's source distribution with pip into its cache (never into the
-project), reads ``NPUModelRunner``'s allocation method from ``vllm_ascend/worker/model_runner_v1.py``
-and runs it unchanged (``kvaudit.runner_code``) against the ``shared_by`` view of vLLM's plan,
-made with the block-size rule of that release. vllm_ascend itself is never imported.
+kvaudit fetches the release's sdist with pip into its cache (never into the project), reads
+``NPUModelRunner``'s allocation method from ``vllm_ascend/worker/model_runner_v1.py`` and runs it
+unchanged (``kvaudit.runner_code``) on a stand-in runner made of vLLM's own objects, against vLLM's
+plan in the format the code reads (vLLM's ``KVCacheConfig`` for 0.28+, the ``shared_by`` view
+before), made with the block-size rule of that release. vllm_ascend itself is never imported.
 """
 
 from __future__ import annotations
