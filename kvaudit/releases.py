@@ -222,6 +222,12 @@ def _attention_groups(plan: KVPlan) -> list[list[Any]]:
     return out
 
 
+_BUILT = {"vllm_ascend._build_info": {"__soc_version__": os.environ.get("SOC_VERSION", SOC_VERSION)}}
+"""What vllm-ascend's build writes (``vllm_ascend/_build_info.py``) for the chip kvaudit names when it
+fetches a release: code that asks which chip it was built for (0.24+: FA quantization is for A5 only)
+gets that answer, an Atlas A2 (``SOC_VERSION``, ascend910b1 unless set)."""
+
+
 def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: bool) -> RawTensors:
     """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``, in the format it
     reads: vLLM's own ``KVCacheConfig`` for code that reads ``KVCacheTensor.layer_stride`` (vllm-ascend
@@ -231,8 +237,8 @@ def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: 
         if plan.plan_format != "layers":
             raise StrategyFailed(f"{code.label}'s allocation code reads vLLM's KVCacheTensor.layers / layer_stride "
                                  f"(vLLM 0.29+); this plan was made by a vLLM that plans in the shared_by format")
-        return code.call(plan.kv_cache_config, attributes, methods)
-    return code.call(plan.shared_by_config(), attributes, methods)
+        return code.call(plan.kv_cache_config, attributes, methods, _BUILT)
+    return code.call(plan.shared_by_config(), attributes, methods, _BUILT)
 
 
 def release_strategy(version: str) -> Strategy:

@@ -13,6 +13,7 @@ import ast
 import builtins
 import contextlib
 import copy
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -128,12 +129,14 @@ class Extracted:
     """The code reads ``KVCacheTensor.layer_stride`` (vLLM 0.29+'s plan format, vllm-ascend 0.28+):
     it must be handed vLLM's own ``KVCacheConfig``, not the ``shared_by`` view."""
 
-    def call(self, kv_cache_config: Any, attributes: dict[str, Any], methods: dict[str, Callable] | None = None) -> dict:
+    def call(self, kv_cache_config: Any, attributes: dict[str, Any], methods: dict[str, Callable] | None = None,
+             modules: dict[str, dict[str, Any]] | None = None) -> dict:
         """Run the allocation on a stand-in ``self`` carrying ``attributes`` and, besides the extracted
-        ones, ``methods`` (the runner's base-class methods the code calls, e.g. vLLM's own)."""
+        ones, ``methods`` (the runner's base-class methods the code calls, e.g. vLLM's own); ``modules``
+        are modules of the code's package with known contents (what its build writes)."""
         cls = type("RunnerStandIn", (_Attrs,), {**(methods or {}), **self.functions})
         runner = cls(self.label + "'s " + self.method, "self", attributes)
-        with _placeholder_package(self.package, self.label):
+        with _placeholder_package(self.package, self.label, modules or {}):
             return getattr(runner, ALLOCATE)(kv_cache_config)
 
 
@@ -179,8 +182,8 @@ class _PlaceholderModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     name is a ``_missing`` placeholder: what allocation code imports inside a function (``from
     vllm_ascend.core.kv_cache_interface import X``) then behaves as its module-level imports do."""
 
-    def __init__(self, package: str, label: str) -> None:
-        self.package, self.label = package, label
+    def __init__(self, package: str, label: str, known: dict[str, dict[str, Any]]) -> None:
+        self.package, self.label, self.known = package, label, known
         self.made: list[str] = []
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:  # noqa: D102
@@ -191,20 +194,32 @@ class _PlaceholderModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: Any) -> Any:  # noqa: D102
         mod = types.ModuleType(spec.name)
         mod.__path__ = []  # type: ignore[attr-defined]
-        mod.__getattr__ = lambda name: _missing(self.label, name, spec.name)  # type: ignore[attr-defined]
+        if spec.name in self.known:
+            mod.__dict__.update(self.known[spec.name])
+        else:
+            mod.__getattr__ = functools.partial(self.attribute, spec.name)  # type: ignore[attr-defined]
         self.made.append(spec.name)
         return mod
 
     def exec_module(self, module: Any) -> None:  # noqa: D102
         return None
 
+    def attribute(self, module: str, name: str) -> Any:
+        """A name of a placeholder module: a known submodule (``from vllm_ascend import _build_info``),
+        else a placeholder; dunders (``getattr(_build_info, "__device_type__", None)``) are absent."""
+        if f"{module}.{name}" in self.known:
+            return importlib.import_module(f"{module}.{name}")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _missing(self.label, name, module)
+
 
 @contextlib.contextmanager
-def _placeholder_package(package: str, label: str) -> Iterator[None]:
+def _placeholder_package(package: str, label: str, known: dict[str, dict[str, Any]]) -> Iterator[None]:
     if importlib.util.find_spec(package) is not None:  # installed (an Ascend host): the real modules
         yield
         return
-    finder = _PlaceholderModules(package, label)
+    finder = _PlaceholderModules(package, label, known)
     sys.meta_path.insert(0, finder)
     try:
         yield

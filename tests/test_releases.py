@@ -52,7 +52,7 @@ def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, 
     assert _layout(theirs) == _layout(ours)
 
 
-@pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.29.0rc1", "0.30.0rc2"])
+@pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.24.0rc1", "0.26.0rc1", "0.29.0rc1", "0.30.0rc2"])
 def test_release_code_on_the_dense_control(version):
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
@@ -66,14 +66,16 @@ def test_release_code_on_the_dense_control(version):
     assert r.ratio == 1.0
 
 
-@pytest.mark.parametrize("version", ["0.24.0rc1", "0.26.0rc1"])
-def test_release_code_that_asks_the_npu_stops_naming_what(version):
-    """On a dense model 0.24-0.28 check FA quantization against the NPU's SoC (``_build_info``, written
-    when vllm-ascend is built for a chip): exit 3 naming it, never a silent skip."""
-    s = resolve_strategy(f"vllm-ascend=={version}")
+def test_release_code_that_asks_the_npu_stops_naming_what():
+    """On a dense model 0.27-0.28 check FA quantization against a hardware profile their module computes
+    when imported on an NPU: exit 3 naming it, never a silent skip. (0.24-0.26 ask ``_build_info``, which
+    kvaudit answers as the build for ``SOC_VERSION`` would: see the dense control above.)"""
+    s = resolve_strategy("vllm-ascend==0.28.0rc1")
     d = deployment("llama-3.1-8b")
-    with pytest.raises(StrategyFailed, match=f"vllm-ascend {version}'s allocation code uses _build_info"):
-        s.allocate(plan_for(d, s.platform), torch.device("meta"), False)
+    plan = plan_for(d, s.platform)
+    _layers_plan_or_skip(plan)
+    with pytest.raises(StrategyFailed, match="vllm-ascend 0.28.0rc1's allocation code uses _CURRENT_HARDWARE_PROFILE"):
+        s.allocate(plan, torch.device("meta"), False)
 
 
 def test_the_sdist_is_cached(monkeypatch):
@@ -264,9 +266,9 @@ def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
     seen = []
     real_call = Extracted.call
 
-    def spy(self, kv_cache_config, attributes, methods=None):
+    def spy(self, kv_cache_config, attributes, methods=None, modules=None):
         seen.append((kv_cache_config, attributes, methods))
-        return real_call(self, kv_cache_config, attributes, methods)
+        return real_call(self, kv_cache_config, attributes, methods, modules)
 
     monkeypatch.setattr(Extracted, "call", spy)
     s = resolve_strategy("vllm-ascend==0.30.0rc2")
