@@ -377,6 +377,8 @@ _PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
 _NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "090", "a6000", "a10", "v100", "t4", "910b")
 _MODEL_WORDS = ("qwen", "qwq", "llama", "mixtral", "deepseek", "kimi", "gemma", "gpt-oss", "glm", "minimax", "nemotron",
                 "granite", "falcon", "jamba")
+if len(_SIMPLE_WORDS) != len(_SIMPLE) or len(_PROSE_WORDS) != len(_PROSE_FACTS):
+    raise ImportError("kvaudit.evidence: every line pattern needs its words (_SIMPLE_WORDS, _PROSE_WORDS)")
 _WORDS = tuple(sorted({w for words in _SIMPLE_WORDS + (_NOMINAL_WORDS, _MODEL_WORDS) for w in words} |
                      {w for groups in _PROSE_WORDS for words in groups for w in words}))
 def _nominal_gb(m: re.Match) -> int | None:

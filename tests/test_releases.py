@@ -340,3 +340,19 @@ def test_plan_with_another_environments_vllm(capfd):
     doc = json.loads(out)
     assert code == 0 and f"running with {other}" in err
     assert doc["vllm_version"] != VLLM_VERSION
+
+
+def test_release_properties_are_read_as_properties(monkeypatch):
+    """0.29 decides shared backing under KV transfer in a ``@property`` (its connector list): with a
+    connector it does not list, every layer gets a private buffer. Compiled as a plain method, the
+    property would read as a bound method, always true, and hide that."""
+    from kvaudit.audit import run_audit
+    from kvaudit.meters import MetaMeter
+
+    monkeypatch.setattr(releases, "KV_CONNECTOR", "LLMDataDistCMgrConnector")
+    s = resolve_strategy("vllm-ascend==0.29.0rc1")
+    d = deployment(kv_transfer=True)
+    plan = plan_for(d, s.platform)
+    _layers_plan_or_skip(plan)
+    r = run_audit(d, plan, s, MetaMeter())
+    assert (r.allocations, r.verdict.value, round(r.ratio, 2)) == (48, "FAIL", 4.03)
