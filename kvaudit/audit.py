@@ -4,7 +4,7 @@ The verdict rule (documented in the README):
 - expected = the bytes vLLM plans (each shared tensor once); allocated = what the meter measured;
 - over-allocation fails when ``allocated - expected`` exceeds the tolerance: ``tolerance × expected``
   plus, with ``--kv-transfer``, one 2 MiB alignment unit per planned tensor (vllm-ascend's
-  intentional padding, §1 of the allocation reference);
+  intentional padding: ``_align_memory`` in vllm_ascend/worker/model_runner_v1.py);
 - under-allocation fails when ``expected - allocated`` exceeds ``tolerance × expected``;
 - a planned layer that got no memory fails.
 """
@@ -24,7 +24,7 @@ from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
 from kvaudit.results import (DEFAULT_TOLERANCE, AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading,
                              OomPoint, Snapshot, TensorRow, Verdict, exceeds_plan)
-from kvaudit.strategies import ALIGNMENT, Strategy
+from kvaudit.strategy import ALIGNMENT, Strategy
 from kvaudit.units import fmt_bytes
 
 

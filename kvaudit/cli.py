@@ -164,7 +164,8 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
     from kvaudit.results import Report
-    from kvaudit.strategies import STRATEGIES, resolve_strategy
+    from kvaudit.resolve import resolve_strategy
+    from kvaudit.strategies import STRATEGIES
 
     spec, p = _model(a)
     if not 0.0 <= a.tolerance < 1.0:
@@ -212,7 +213,8 @@ def plan_command(a: argparse.Namespace) -> int:
     from kvaudit import report
     from kvaudit.capacity import plan_stage
     from kvaudit.plan import vllm_version
-    from kvaudit.strategies import STRATEGIES, resolve_strategy
+    from kvaudit.resolve import resolve_strategy
+    from kvaudit.strategies import STRATEGIES
 
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]

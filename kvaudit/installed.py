@@ -20,7 +20,7 @@ from kvaudit.plan import load_vllm, vllm_version
 from kvaudit.releases import RUNNER_CLASS, RUNNER_MODULE, allocate_extracted, platform_for
 from kvaudit.results import KVPlan
 from kvaudit.runner_code import Extracted, extract_allocator, installed_tree
-from kvaudit.strategies import RawTensors, Strategy
+from kvaudit.strategy import RawTensors, Strategy
 
 _ALLOCATE_KV_CACHE_PARAMS = ("kv_cache_config", "device", "layout")
 

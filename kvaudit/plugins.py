@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from kvaudit.errors import StrategyFailed, UsageError
 from kvaudit.results import KVPlan
-from kvaudit.strategies import RawTensors, Strategy
+from kvaudit.strategy import RawTensors, Strategy
 
 ENTRY_POINT_GROUP = "kvaudit.strategies"
 _SIGNATURES = (("kv_cache_config", "device"), ("kv_cache_config", "device", "kv_transfer"),

@@ -23,7 +23,7 @@ from typing import Any
 from kvaudit.errors import NotAuditable, StrategyFailed, UsageError
 from kvaudit.results import KVPlan
 from kvaudit.runner_code import Extracted, SourceTree, extract_allocator, extract_method, installed_tree
-from kvaudit.strategies import RawTensors, Strategy
+from kvaudit.strategy import RawTensors, Strategy
 
 PACKAGE = "vllm-ascend"
 RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
@@ -51,7 +51,8 @@ def version_key(v: str) -> tuple:
 
 
 ERAS = (
-    # (first release not in the era, block-size rule, built-in strategy): allocation reference §0, §5.4
+    # (first release not in the era, block-size rule, built-in strategy): each release's
+    # vllm_ascend/platform.py block-size rule and model_runner_v1.py allocation (kvaudit history shows them)
     ("0.11.0rc2", "ascend-align64", "ascend-0.11"),
     ("0.12.0rc1", "ascend-align128", "ascend-0.11"),
     ("0.16.0rc1", "ascend-align128", "ascend-0.12"),

@@ -2,39 +2,22 @@
 
 A strategy takes a ``KVPlan`` and a torch device and returns what the model runner's
 ``_allocate_kv_cache_tensors`` returns: layer name -> raw int8 tensor, or ``(k, v)`` for an
-attention layer that got separate K and V buffers. The algorithms follow
-``shared/design/allocation-reference.md`` (§1 buggy, §2 PR #3760, §3 PR #6887, §4 upstream).
+attention layer that got separate K and V buffers. The algorithms restate vllm-ascend's
+``NPUModelRunner`` allocation in ``vllm_ascend/worker/model_runner_v1.py`` before PR #3760 (one
+buffer per layer), after it (vllm-ascend PR #3760, 0.12.0rc1) and after PR #6887 (0.16.0rc1: one
+buffer per shared tensor), and upstream vLLM's ``allocate_kv_cache`` (``vllm/v1/worker/utils.py``);
+the parity tests run each release's own code against them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any
 
-from kvaudit.errors import UsageError
 from kvaudit.results import KVPlan
+from kvaudit.strategy import ALIGNMENT, RawTensors, Strategy  # noqa: F401  (plugins import Strategy from here)
 
 if TYPE_CHECKING:
     import torch
-
-RawTensors = dict[str, Union["torch.Tensor", tuple["torch.Tensor", ...]]]
-ALIGNMENT = 2 * 1024 * 1024
-"""vllm-ascend's P/D (KV transfer) buffer alignment, ``alignment = 2 * 1024 * 1024``."""
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A named allocation algorithm and the platform rule its plans are made with."""
-
-    name: str
-    title: str
-    platform: str
-    """Key of ``kvaudit.plan.PLATFORMS``: the block-size rule of the release this strategy models."""
-    releases: str
-    allocate: Callable[[KVPlan, Any, bool], RawTensors]
-    """``allocate(plan, device, kv_transfer)``."""
-    note: str = ""
-    """What a user must know about what this strategy audits (printed with the report)."""
 
 
 def _zeros(n: int, device: Any) -> "torch.Tensor":
@@ -162,33 +145,3 @@ STRATEGIES: dict[str, Strategy] = {
     "ascend-0.16": Strategy("ascend-0.16", "PR #6887 contiguous layout", "ascend-contiguous",
                             "vllm-ascend ≥ 0.16", allocate_ascend_0_16),
 }
-
-
-def resolve_strategy(name: str) -> Strategy:
-    """A strategy by name: built-in, ``installed``, ``vllm-ascend==X``, ``module:function``, or an
-    entry point of the ``kvaudit.strategies`` group. An unknown name is a usage error (exit 2)."""
-    if name in STRATEGIES:
-        return STRATEGIES[name]
-    if name == "installed":
-        from kvaudit.installed import installed_strategy
-
-        return installed_strategy()
-    if name.startswith("vllm-ascend=="):
-        from kvaudit.releases import release_strategy
-
-        return release_strategy(name.partition("==")[2])
-    if name.startswith("vllm-ascend="):
-        from kvaudit.releases import checkout_strategy
-
-        return checkout_strategy(name.partition("=")[2])
-    from kvaudit import plugins
-
-    if ":" in name:
-        return plugins.from_import_path(name)
-    found = plugins.from_entry_point(name)
-    if found is not None:
-        return found
-    extra = plugins.entry_point_names()
-    raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, installed, vllm-ascend==VERSION, "
-                     "vllm-ascend=PATH, "
-                     f"module:function{', ' + ', '.join(extra) if extra else ''})")

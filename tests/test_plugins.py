@@ -10,7 +10,7 @@ from kvaudit.cli import main
 from kvaudit.errors import StrategyFailed, UsageError
 from kvaudit.meters import MetaMeter
 from kvaudit.results import Verdict
-from kvaudit.strategies import resolve_strategy
+from kvaudit.resolve import resolve_strategy
 from conftest import ROOT, deployment, plan_for
 
 PLUGINS = ROOT / "tests" / "plugins"

@@ -13,7 +13,8 @@ import torch
 from kvaudit import releases
 from kvaudit.accounting import byte_span, storage_key
 from kvaudit.errors import StrategyFailed, UsageError
-from kvaudit.strategies import STRATEGIES, resolve_strategy
+from kvaudit.resolve import resolve_strategy
+from kvaudit.strategies import STRATEGIES
 from conftest import deployment, plan_for
 
 PARITY = {"0.11.0rc1": "ascend-0.11", "0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",

@@ -75,7 +75,7 @@ def test_dense_control_every_strategy_allocates_exactly_the_plan(name, meter):
 def test_meta_count_for_vllm_equals_vllms_own_allocation():
     """vLLM's own allocation function for the plan: allocate_kv_cache (0.29+), or the model runner's
     _allocate_kv_cache_tensors (up to 0.28), counted here storage by storage."""
-    from kvaudit.strategies import resolve_strategy
+    from kvaudit.resolve import resolve_strategy
 
     d = deployment()
     plan = plan_for(d, "cuda")

@@ -1,0 +1,31 @@
+"""The strategy type: a named KV-cache allocation algorithm, the platform rule its plans are made with,
+and what it returns (layer name -> raw tensor, or a tuple of tensors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+from kvaudit.results import KVPlan
+
+if TYPE_CHECKING:
+    import torch
+
+RawTensors = dict[str, Union["torch.Tensor", tuple["torch.Tensor", ...]]]
+ALIGNMENT = 2 * 1024 * 1024
+"""vllm-ascend's P/D (KV transfer) buffer alignment, ``alignment = 2 * 1024 * 1024``."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named allocation algorithm and the platform rule its plans are made with."""
+
+    name: str
+    title: str
+    platform: str
+    """Key of ``kvaudit.plan.PLATFORMS``: the block-size rule of the release this strategy models."""
+    releases: str
+    allocate: Callable[[KVPlan, Any, bool], RawTensors]
+    """``allocate(plan, device, kv_transfer)``."""
+    note: str = ""
+    """What a user must know about what this strategy audits (printed with the report)."""
