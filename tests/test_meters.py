@@ -170,3 +170,22 @@ def test_meta_meter_counts_storages_not_views():
     r = m.stop()
     assert r.allocated == 2 * 8192
     del a, b, views
+
+
+def test_cpu_measures_what_the_dispatcher_never_sees():
+    """The cpu meter measures the host allocator, not storages created through torch's dispatcher: a
+    ``torch.UntypedStorage(n)`` made in the window shows on ``cpu`` and not on ``meta`` (whose
+    accounting is the storage recorder); a cpu meter replaced by that accounting fails here."""
+    import torch
+
+    from kvaudit.meters import CpuMeter, MetaMeter
+
+    n = 8 << 20
+    readings = {}
+    for meter in (CpuMeter(), MetaMeter()):
+        meter.start()
+        kept = torch.UntypedStorage(n)
+        readings[meter.name] = meter.stop()
+        del kept
+    assert readings["cpu"].allocated >= n and readings["cpu"].peak >= n
+    assert readings["meta"].allocated == 0
