@@ -117,3 +117,30 @@ def test_meta_audit_uses_no_memory():
     used = host.stop()
     assert r.allocated_bytes > 10 << 30 and r.meter == "meta"
     assert used.peak < 64 << 20
+
+
+def test_the_kv_transfer_allowance_excuses_padding_not_missing_bytes():
+    """The alignment allowance is for excess (vllm-ascend's 2 MiB padding); an allocation short of the
+    plan by more than the tolerance fails with or without KV transfer."""
+    assert _run(lambda e: e - 12 * ALIGNMENT, tolerance=0.0, kv_transfer=True).verdict is Verdict.FAIL
+    assert _run(lambda e: e - 1, tolerance=0.0, kv_transfer=True).verdict is Verdict.FAIL
+
+
+def test_with_kv_transfer_the_rows_still_add_up_to_what_was_allocated():
+    """The 2 MiB alignment padding each buffer carries is attributed to its layers: layer, group and
+    tensor rows sum to the allocated bytes, padding included."""
+    d = deployment(kv_transfer=True)
+    r = run_audit(d, plan_for(d, "ascend-contiguous"), STRATEGIES["ascend-0.16"], MetaMeter())
+    assert r.allocated_bytes == r.expected_bytes + 12 * ALIGNMENT and r.verdict is Verdict.PASS
+    assert sum(x.allocated for x in r.layers) == pytest.approx(r.allocated_bytes, abs=len(r.layers))
+    assert sum(g.allocated for g in r.groups) == pytest.approx(r.allocated_bytes, abs=len(r.groups))
+    assert sum(t.allocated for t in r.tensors) == pytest.approx(r.allocated_bytes, abs=len(r.tensors))
+
+
+def test_the_json_exit_code_of_a_passing_run_is_0():
+    d = deployment()
+    passing = run_audit(d, plan_for(d, "cuda"), UPSTREAM, MetaMeter())
+    from kvaudit import report as json_report
+
+    report = Report(d, (passing,), "meta", "meta", "x")
+    assert report.exit_code == 0 and json_report.to_dict(report)["exit_code"] == 0
