@@ -70,6 +70,15 @@ def capacity(plan: KVPlan) -> Capacity:
                     max_num_seqs=vc.scheduler_config.max_num_seqs, kv_cache_memory_bytes=plan.planned_bytes)
 
 
+def projected_bytes(d: Deployment, platform: str, strategy: Any) -> int:
+    """Device memory a deployment would use with ``strategy``'s allocation of vLLM's plan: the non-KV
+    memory plus every storage the strategy creates (planned by vLLM, allocated on ``meta``)."""
+    from kvaudit.audit import dry_run
+    from kvaudit.plan import build_plan
+
+    return d.non_kv_bytes + dry_run(build_plan(d, platform), strategy, d.kv_transfer).total_bytes
+
+
 def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: float = 0.001,
                              ratio: float | None = None) -> float | None:
     """The highest ``gpu_memory_utilization`` (to ``step``) at which the strategy's allocation of
@@ -88,10 +97,9 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
         if du.kv_budget_bytes <= 0:
             return True  # nothing to allocate: vLLM would refuse to start, not run out
         try:
-            plan = build_plan(du, platform)
+            return projected_bytes(du, platform, strategy) <= d.device_memory_bytes
         except KvauditError:
             return True
-        return du.non_kv_bytes + dry_run(plan, strategy, d.kv_transfer).total_bytes <= d.device_memory_bytes
 
     if fits(1.0):
         return 1.0

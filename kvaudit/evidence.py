@@ -571,16 +571,21 @@ def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]
 
 
 def _title(ev: Evidence, n: int, title: str) -> None:
-    """The issue title: its versions and the model named in it."""
+    """The issue title: a bare version in it ("0.13.0 qwen3-next-80b oom": the release the reporter
+    runs; "from v0.11.2 to v0.14.1": the last). A title given apart (line 0) is also read for the
+    versions and out-of-memory words any line holds; a title that is line ``n`` is read as one below."""
     text = title.strip()
-    before = len(ev)
-    _versions(ev, n, text)
-    if len(ev) == before and (found := list(_BARE_VERSION.finditer(text))):
-        # "0.13.0 qwen3-next-80b oom": the release the reporter runs; "from v0.11.2 to v0.14.1": the last
+    named = Evidence()
+    _versions(named, n, text)
+    if not named.facts and (found := list(_BARE_VERSION.finditer(text))):
         ev.add("title_version", found[-1]["v"], n, text)
     ev.add("title", text, n, text)
-    if _OOM_WORDS.search(text):
-        ev.add("oom_mentioned", True, n, text)
+    if n == 0:
+        for facts in named.facts.values():
+            for f in facts:
+                ev.add(f.key, f.value, f.line, f.text)
+        if _OOM_WORDS.search(text):
+            ev.add("oom_mentioned", True, n, text)
 
 
 _VERSION_WORDS = (("server version",), ("llm engine (v",), ("vllm version",), ("▀▄▀",), ())

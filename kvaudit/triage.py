@@ -691,14 +691,12 @@ def _merged(found: list[tuple[_Candidate, Any]]) -> tuple[_Candidate, Any]:
 def _projected_use(strategy: Any, r: Any, d: Deployment, util: float | None) -> float:
     """The share of the device a strategy's allocation of vLLM's plan takes at ``util`` (the audited one
     when ``None``): each planned by vLLM and allocated on ``meta``."""
-    from kvaudit.audit import dry_run
-    from kvaudit.plan import build_plan
+    from kvaudit.capacity import projected_bytes
 
     if util is None or util == d.gpu_memory_utilization:
         return r.projected_utilization
     at = dataclasses.replace(d, gpu_memory_utilization=util, kv_cache_memory_bytes=None)
-    plan = build_plan(at, strategy.platform)
-    return (at.non_kv_bytes + dry_run(plan, strategy, at.kv_transfer).total_bytes) / at.device_memory_bytes
+    return projected_bytes(at, strategy.platform, strategy) / at.device_memory_bytes
 
 
 def _fixed(audited: list[tuple[_Candidate, Any]], inputs: _Inputs, d: Deployment,
@@ -706,19 +704,15 @@ def _fixed(audited: list[tuple[_Candidate, Any]], inputs: _Inputs, d: Deployment
     """The release that fixes an allocator finding (the newest era), audited on the same deployment."""
     from kvaudit.audit import audit_all
     from kvaudit.meters import MetaMeter
-    from kvaudit.releases import era_range, eras
-    from kvaudit.strategies import STRATEGIES
 
     if inputs.platform != "ascend":
         return None
-    start, end, rule, strategy = eras()[-1]
-    label = era_range(start, end)
+    newest = _candidates("ascend", None)[-1]
     for c, r in audited:
-        if c.strategy.name == strategy and c.strategy.platform == rule:
+        if (c.strategy.name, c.strategy.platform) == (newest.strategy.name, newest.strategy.platform):
             return c, r
-    s = dataclasses.replace(STRATEGIES[strategy], platform=rule)
-    got = audit_all(d, [s], MetaMeter(), tol, [])
-    return (_Candidate(label, s), got[0]) if got else None
+    got = audit_all(d, [newest.strategy], MetaMeter(), tol, [])
+    return (newest, got[0]) if got else None
 
 
 def _allocator_finding(cand: _Candidate, r: Any, fixed: tuple[_Candidate, Any] | None, d: Deployment,
