@@ -15,7 +15,7 @@ import re
 import traceback
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 
 from kvaudit.accounting import Attribution, StorageRecorder, attribute
 from kvaudit.deployment import Deployment
@@ -115,6 +115,8 @@ def run_audit(
 ) -> AuditResult:
     """Allocate with ``strategy`` on ``meter``'s device, measure, release, attribute, and judge."""
     kv_transfer = deployment.kv_transfer
+    if strategy.prepare is not None:
+        strategy.prepare(plan)  # imports and vLLM objects, before anything is measured
     # on meta the run itself is the dry run; elsewhere a dry run first sizes and names the allocations
     dry = None if meter.kind == "accounting" else dry_run(plan, strategy, kv_transfer)
     if dry is not None:
@@ -266,19 +268,24 @@ def _oom_point(d: Deployment, plan: KVPlan, dry: DryRun) -> OomPoint | None:
 
 def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
               tolerance: float = DEFAULT_TOLERANCE,
-              skipped: list[tuple[str, str]] | None = None) -> list[AuditResult]:
-    """Plan once per platform rule with vLLM's planner, then audit every strategy in turn. A strategy
-    that cannot allocate the plan at all (``NotAuditable``) is listed in ``skipped`` with its reason
-    when a list is given, else it stops the run."""
-    from kvaudit.plan import build_plan
-
+              skipped: list[tuple[str, str]] | None = None,
+              plan_for: Callable[[Strategy], KVPlan] | None = None) -> list[AuditResult]:
+    """Plan once per platform rule with vLLM's planner (or take each strategy's plan from ``plan_for``:
+    a saved plan), then audit every strategy in turn. A strategy that cannot allocate the plan at all
+    (``NotAuditable``) is listed in ``skipped`` with its reason when a list is given, else it stops the run."""
     plans: dict[str, KVPlan] = {}
+
+    def planned(s: Strategy) -> KVPlan:
+        from kvaudit.plan import build_plan
+
+        if s.platform not in plans:
+            plans[s.platform] = build_plan(deployment, s.platform)
+        return plans[s.platform]
+
     results = []
     for s in strategies:
         try:
-            if s.platform not in plans:
-                plans[s.platform] = build_plan(deployment, s.platform)
-            results.append(run_audit(deployment, plans[s.platform], s, meter, tolerance))
+            results.append(run_audit(deployment, (plan_for or planned)(s), s, meter, tolerance))
         except NotAuditable as e:
             if skipped is None:
                 raise

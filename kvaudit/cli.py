@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Audit the KV-cache allocation of a model config under each strategy.")
     audit.add_argument("--config", help="a config.json, or a model directory holding one")
     audit.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
+    audit.add_argument("--plan", metavar="PLAN.json",
+                       help="audit a plan saved by 'kvaudit plan --save' instead of planning: needs only torch, not "
+                            "vLLM (plan on one machine, measure on another)")
     _audit_options(audit)
     for name, preset in PRESETS.items():
         p = sub.add_parser(name, help=f"audit {preset.title} ({preset.description})",
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "not run out of device memory.")
     plan.add_argument("--config", help="a config.json, or a model directory holding one")
     plan.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
+    plan.add_argument("--save", metavar="PLAN.json",
+                      help="also write the plans as data (deployment, groups, specs, tensors and their layers, "
+                           "num_blocks, capacity, the vLLM that planned) for 'kvaudit audit --plan'")
     _audit_options(plan)
     hist = sub.add_parser(
         "history", help="audit every published vllm-ascend release's own code on one model: where it changed",
@@ -167,9 +173,11 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.resolve import resolve_strategy
     from kvaudit.strategies import STRATEGIES
 
-    spec, p = _model(a)
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    if getattr(a, "plan", None):
+        return _saved_plan_audit(a)
+    spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     for s in strategies:
         if s.note:
@@ -188,6 +196,61 @@ def audit_command(a: argparse.Namespace) -> int:
                               safe_utilization=safe))
     _render(reports, Format(a.fmt), Detail(a.detail))
     return max(rep.exit_code for rep in reports)
+
+
+def _saved_plan_audit(a: argparse.Namespace) -> int:
+    """``audit --plan PLAN.json``: the saved plans, audited with torch alone (vLLM is not imported unless
+    a strategy needs vLLM's own code and the vLLM that planned is installed)."""
+    from kvaudit import audit as core
+    from kvaudit import planfile
+    from kvaudit.meters import select_meter
+    from kvaudit.results import Report
+    from kvaudit.resolve import resolve_strategy
+    from kvaudit.strategies import STRATEGIES
+
+    fixed = _deployment_options_given(a)
+    if fixed:
+        raise UsageError(f"{fixed} cannot change a saved plan ({a.plan} fixes the model and deployment); plan "
+                         "again with: kvaudit plan ... --save PLAN.json")
+    saved = planfile.load(a.plan)
+    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    for s in strategies:
+        if s.note:
+            _note(f"kvaudit: {s.note}")
+    meter = select_meter(a.meter, a.device_index)
+    stages = [st for st in saved.stages if a.pp_rank is None or st.deployment.pp_rank == a.pp_rank]
+    if not stages:
+        raise UsageError(f"--pp-rank {a.pp_rank}: {a.plan} holds stages "
+                         f"{', '.join(str(st.deployment.pp_rank) for st in saved.stages)}")
+    _note(f"kvaudit: auditing {len(strategies)} strategies on the {meter.name} meter against {saved.path.name} "
+          f"(planned by vLLM {saved.vllm_version})")
+    reports = []
+    for st in stages:
+        skipped: list[tuple[str, str]] = []
+        audits = tuple(core.audit_all(st.deployment, strategies, meter, a.tolerance, skipped,
+                                      plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)))
+        caps = {r.plan.platform: st.capacity[r.plan.platform] for r in audits}
+        safe = {r.strategy: st.safe_utilization[r.strategy] for r in audits if r.strategy in st.safe_utilization}
+        reports.append(Report(deployment=st.deployment, audits=audits, meter=meter.name,
+                              meter_device=meter.describe(), vllm_version=saved.vllm_version,
+                              skipped=tuple(skipped), capacity=caps, safe_utilization=safe))
+    _render(reports, Format(a.fmt), Detail(a.detail))
+    return max(rep.exit_code for rep in reports)
+
+
+def _deployment_options_given(a: argparse.Namespace) -> str | None:
+    """The first model or deployment option given with ``--plan`` (a saved plan fixes them all)."""
+    probe = _Parser(add_help=False)
+    _deployment_options(probe)
+    for action in probe._actions:
+        if action.dest in ("help", "vllm_python", "pp_rank"):
+            continue
+        if getattr(a, action.dest, action.default) != action.default:
+            return action.option_strings[0]
+    for flag, dest in (("--config", "config"), ("--preset", "preset")):
+        if getattr(a, dest, None) is not None:
+            return flag
+    return None
 
 
 def _model(a: argparse.Namespace) -> tuple[Any, Any]:
@@ -219,6 +282,12 @@ def plan_command(a: argparse.Namespace) -> int:
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     stages = [plan_stage(_deployment(a, spec, p, rank), strategies) for rank in _pp_ranks(a)]
+    if a.save:
+        from kvaudit.planfile import save
+
+        path = save(stages, vllm_version(), a.save)
+        _note(f"kvaudit: saved {sum(len(st.plans) for st in stages)} plans of {spec.name} by vLLM {vllm_version()} "
+              f"to {path} (audit them anywhere torch runs: kvaudit audit --plan {path})")
     if Format(a.fmt) is Format.json:
         sys.stdout.write(report.plan_to_json(stages, vllm_version()) + "\n")
     else:

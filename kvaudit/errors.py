@@ -35,6 +35,13 @@ class MeterUnavailable(KvauditError):
     exit_code = 3
 
 
+class MissingDependency(KvauditError):
+    """A package the command needs is not installed here: torch, vLLM, rich, ... (exit 3: nothing was
+    measured; the message names what to install)."""
+
+    exit_code = 3
+
+
 class StrategyFailed(KvauditError):
     """A strategy could not be run to the end for a reason other than a finding (exit 3)."""
 

@@ -61,8 +61,10 @@ def _allocate_kv_cache(fn: Any, version: str) -> Strategy:
     def allocate(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
         if plan.plan_format != "layers":
             raise StrategyFailed(f"vLLM {version}'s allocate_kv_cache needs a 0.29+ plan, got {plan.plan_format}")
-        layout = plan.vllm_config.cache_config.get_resolved_kv_cache_layout()
-        return fn(plan.kv_cache_config, device, layout)
+        from kvaudit.planfile import vllm_objects
+
+        config, layout = vllm_objects(plan, f"vLLM {version}'s allocate_kv_cache")
+        return fn(config, device, layout)
 
     return Strategy("installed", "vllm.v1.worker.utils.allocate_kv_cache", "cuda",
                     f"vLLM {version} (installed)", allocate)
@@ -75,6 +77,7 @@ def _gpu_model_runner(version: str) -> Strategy:
     code: Extracted = extract_allocator(tree, "vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
 
     def allocate(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
+        plan.require_live(label)
         return code.call(plan.shared_by_config(), {"device": device, "runner_only_attn_layers": set()})
 
     return Strategy("installed", code.method, "cuda", label, allocate)

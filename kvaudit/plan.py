@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment
-from kvaudit.errors import ConfigError, NotAuditable, StrategyFailed, UsageError
+from kvaudit.errors import ConfigError, MissingDependency, NotAuditable, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec
 from kvaudit.units import fmt_bytes
@@ -70,8 +70,9 @@ class _Vllm:
 
     def __init__(self) -> None:
         if vllm_version() is None:
-            raise StrategyFailed("vLLM is not installed in this environment; kvaudit plans with "
-                                 "vLLM's own planner (see README: install)")
+            raise MissingDependency("vLLM is not installed in this environment; kvaudit plans with vLLM's own "
+                                    "planner: install vllm (see README: install), or audit a saved plan with "
+                                    "kvaudit audit --plan PLAN.json, which needs only torch")
         from kvaudit.vllm_model import declare_torchvision_ops
 
         with quiet_vllm():

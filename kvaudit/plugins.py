@@ -79,8 +79,9 @@ def adapt(obj: Any, name: str, origin: str) -> Strategy:
         known = " or ".join(f"fn({', '.join(s)})" for s in _SIGNATURES)
         raise StrategyFailed(f"plugin {name!r} ({origin}) has an unknown signature fn({', '.join(params)}); "
                              f"kvaudit calls {known}")
+    prepare = None if params[0] == "plan" else (lambda plan: _config(obj, plan) and None)
     return Strategy(name=name, title=f"plugin {origin}", platform="cuda", releases=f"plugin {origin}",
-                    allocate=_caller(obj, params))
+                    allocate=_caller(obj, params), prepare=prepare)
 
 
 def _required_params(fn: Callable, name: str, origin: str) -> tuple[str, ...]:
@@ -101,11 +102,20 @@ def _caller(fn: Callable, params: tuple[str, ...]) -> Callable[[KVPlan, Any, boo
     def allocate(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
         if params[0] == "plan":
             return fn(plan, device, kv_transfer)
+        config = _config(fn, plan)
         if "kv_transfer" in params:
-            return fn(plan.kv_cache_config, device, kv_transfer)
-        return fn(plan.kv_cache_config, device)
+            return fn(config, device, kv_transfer)
+        return fn(config, device)
 
     return allocate
+
+
+def _config(fn: Callable, plan: KVPlan) -> Any:
+    """vLLM's ``KVCacheConfig`` of the plan, for a plugin written against it (rebuilt for a saved plan)."""
+    from kvaudit.planfile import vllm_objects
+
+    return vllm_objects(plan, f"a plugin written against vLLM's KVCacheConfig "
+                              f"({getattr(fn, '__qualname__', fn)})")[0]
 
 
 def _first_line(e: BaseException) -> str:

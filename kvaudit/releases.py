@@ -233,6 +233,7 @@ def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: 
     """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``, in the format it
     reads: vLLM's own ``KVCacheConfig`` for code that reads ``KVCacheTensor.layer_stride`` (vllm-ascend
     0.28+), else the ``shared_by`` view."""
+    plan.require_live(code.label)
     attributes, methods = stand_in_runner(plan, device, kv_transfer)
     if code.reads_layer_strides:
         if plan.plan_format != "layers":

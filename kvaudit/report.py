@@ -107,7 +107,7 @@ def summary_line(rep: Report) -> str:
     where = f"meter {rep.meter}" + (" (accounting only, not a device measurement)" if rep.meter == "meta" else "")
     tail = f"{where}; planned by vLLM {rep.vllm_version}"
     if rep.skipped:
-        tail += f"; {len(rep.skipped)} not audited ({', '.join(name for name, _ in rep.skipped)}: cannot allocate this plan)"
+        tail += f"; {len(rep.skipped)} not audited ({', '.join(name for name, _ in rep.skipped)}: the report says why)"
     if not failed:
         verdict = "PASS" if not rep.skipped else "NOT MEASURED"
         return f"kvaudit: {verdict}: {len(results)} of {len(results)} audited strategies allocate what vLLM planned; {tail}"

@@ -77,7 +77,11 @@ class KVPlan:
     kv_cache_config: Any = field(default=None, repr=False, compare=False)
     """The vLLM ``KVCacheConfig`` object itself."""
     vllm_config: Any = field(default=None, repr=False, compare=False)
-    """The vLLM config it was planned with (the layout lives in its cache config)."""
+    """The vLLM config it was planned with (the layout lives in its cache config); ``None`` for a plan
+    read from a file (``kvaudit.planfile``)."""
+    saved_vllm: Any = field(default=None, repr=False, compare=False)
+    """For a plan read from a file: vLLM's ``KVCacheConfig`` and KV-cache layout as data, rebuilt into
+    vLLM's own objects only where a strategy needs them and vLLM can be imported."""
 
     def group_of(self, layer: str) -> GroupPlan:
         """The group that holds ``layer``."""
@@ -110,6 +114,14 @@ class KVPlan:
             num_blocks=self.num_blocks,
             kv_cache_tensors=[SimpleNamespace(size=t.size, shared_by=list(t.shared_by)) for t in self.tensors],
             kv_cache_groups=self.kv_cache_config.kv_cache_groups)
+
+    def require_live(self, who: str) -> None:
+        """Refuse (``NotAuditable``) a plan read from a file when ``who`` needs vLLM's live objects of
+        the plan (its config, its model's layers), which a saved plan does not carry."""
+        if self.vllm_config is None:
+            raise NotAuditable(f"{who} needs the vLLM objects of a live plan (its VllmConfig and the built "
+                               "model's layers), which a saved plan does not carry; audit it where vLLM plans "
+                               "(without --plan)")
 
     def require_regions(self, who: str) -> None:
         """Refuse (``NotAuditable``) when the plan has no ``shared_by`` regions for ``who`` to allocate."""

@@ -70,10 +70,24 @@ def allocate_vllm(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTe
     if plan.plan_format == "layers":
         from kvaudit.plan import load_vllm
 
-        v = load_vllm()
-        layout = plan.vllm_config.cache_config.get_resolved_kv_cache_layout()
-        return v.worker_utils.allocate_kv_cache(plan.kv_cache_config, device, layout)
+        config, layout = _vllm_objects(plan)
+        return load_vllm().worker_utils.allocate_kv_cache(config, device, layout)
     return allocate_per_planned_tensor(plan, device)
+
+
+def _vllm_objects(plan: KVPlan) -> tuple[Any, Any]:
+    """vLLM's ``KVCacheConfig`` and layout for ``allocate_kv_cache``: live, or rebuilt from a saved plan."""
+    from kvaudit.plan import load_vllm
+    from kvaudit.planfile import vllm_objects
+
+    objects = vllm_objects(plan, "the vllm strategy (vLLM's allocate_kv_cache)")
+    load_vllm()
+    return objects
+
+
+def _prepare_vllm(plan: KVPlan) -> None:
+    if plan.plan_format == "layers":
+        _vllm_objects(plan)
 
 
 def allocate_ascend_0_11(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTensors:
@@ -137,7 +151,7 @@ def allocate_ascend_0_16(plan: KVPlan, device: Any, kv_transfer: bool = False) -
 
 STRATEGIES: dict[str, Strategy] = {
     "vllm": Strategy("vllm", "the installed vLLM's allocate_kv_cache", "cuda", "vLLM (upstream)",
-                     allocate_vllm),
+                     allocate_vllm, prepare=_prepare_vllm),
     "ascend-0.11": Strategy("ascend-0.11", "before PR #3760", "ascend-align128",
                             "vllm-ascend ≤ 0.11.0", allocate_ascend_0_11),
     "ascend-0.12": Strategy("ascend-0.12", "PR #3760", "ascend-align128",

@@ -29,3 +29,7 @@ class Strategy:
     """``allocate(plan, device, kv_transfer)``."""
     note: str = ""
     """What a user must know about what this strategy audits (printed with the report)."""
+    prepare: Callable[[KVPlan], None] | None = None
+    """Loads what ``allocate`` needs for ``plan`` (vLLM's modules and objects) before the meter's window
+    opens, so that imports are not measured as the strategy's allocation; raises ``NotAuditable`` when
+    the strategy cannot run here."""
