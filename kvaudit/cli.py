@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from kvaudit import __version__
 from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, PRESETS
-from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, UsageError
+from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, MissingDependency, UsageError, missing_dependency
 from kvaudit.results import DEFAULT_TOLERANCE
 
 DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs allocated bytes per layer "
@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def audit_command(a: argparse.Namespace) -> int:
     """Run the audit the options describe, render it, and return the exit code."""
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    if getattr(a, "plan", None):
+        return _saved_plan_audit(a)
     from kvaudit import audit as core
     from kvaudit.capacity import for_report
     from kvaudit.meters import select_meter
@@ -172,11 +176,6 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.results import Report
     from kvaudit.resolve import resolve_strategy
     from kvaudit.strategies import STRATEGIES
-
-    if not 0.0 <= a.tolerance < 1.0:
-        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
-    if getattr(a, "plan", None):
-        return _saved_plan_audit(a)
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     for s in strategies:
@@ -201,18 +200,19 @@ def audit_command(a: argparse.Namespace) -> int:
 def _saved_plan_audit(a: argparse.Namespace) -> int:
     """``audit --plan PLAN.json``: the saved plans, audited with torch alone (vLLM is not imported unless
     a strategy needs vLLM's own code and the vLLM that planned is installed)."""
-    from kvaudit import audit as core
     from kvaudit import planfile
-    from kvaudit.meters import select_meter
-    from kvaudit.results import Report
-    from kvaudit.resolve import resolve_strategy
-    from kvaudit.strategies import STRATEGIES
 
     fixed = _deployment_options_given(a)
     if fixed:
         raise UsageError(f"{fixed} cannot change a saved plan ({a.plan} fixes the model and deployment); plan "
                          "again with: kvaudit plan ... --save PLAN.json")
-    saved = planfile.load(a.plan)
+    saved = planfile.load(a.plan)  # bad input is reported before anything needs torch
+
+    from kvaudit import audit as core
+    from kvaudit.meters import select_meter
+    from kvaudit.results import Report
+    from kvaudit.resolve import resolve_strategy
+    from kvaudit.strategies import STRATEGIES
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     for s in strategies:
         if s.note:
@@ -360,6 +360,9 @@ def triage_command(a: argparse.Namespace) -> int:
     sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
     sys.stdout.flush()
     _note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))
+    if t.not_audited:
+        _note(f"kvaudit: the audit step did not run: {t.not_audited}")
+        return MissingDependency.exit_code
     return 0
 
 
@@ -495,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     except KvauditError as e:
         print(f"kvaudit: error: {e.message}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:  # a package this command needs (torch, vLLM, ...) is not installed
+        missing = missing_dependency(e)
+        print(f"kvaudit: error: {missing.message}", file=sys.stderr)
+        return missing.exit_code
     except SystemExit as e:  # --help and --version exit through argparse
         return int(e.code or 0)
     except KeyboardInterrupt:

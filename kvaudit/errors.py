@@ -42,6 +42,23 @@ class MissingDependency(KvauditError):
     exit_code = 3
 
 
+_WHY = {
+    "torch": "kvaudit allocates with torch (install the serving environment's torch, or a CPU wheel from "
+             "https://download.pytorch.org/whl/cpu)",
+    "vllm": "kvaudit plans with vLLM's own planner (install vllm, or audit a saved plan: kvaudit audit --plan, "
+            "which needs only torch)",
+    "rich": "kvaudit's tables are drawn with rich (pip install rich)",
+}
+
+
+def missing_dependency(e: ModuleNotFoundError) -> MissingDependency:
+    """The one-line error for a package that is not installed, naming it and what to install."""
+    name = (e.name or str(e)).split(".")[0]
+    why = _WHY.get(name, f"pip install {name}")
+    return MissingDependency(f"this command needs the Python package {name!r}, which is not installed in this "
+                             f"environment: {why}")
+
+
 class StrategyFailed(KvauditError):
     """A strategy could not be run to the end for a reason other than a finding (exit 3)."""
 

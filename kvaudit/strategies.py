@@ -135,7 +135,7 @@ def allocate_ascend_0_16(plan: KVPlan, device: Any, kv_transfer: bool = False) -
     for t in plan.tensors:
         kinds = [plan.layer_specs[name] for name in t.shared_by]
         use_mamba = any("Mamba" in k for k in kinds)
-        use_attn = any("Attention" in k for k in kinds)
+        use_attn = any("Mamba" not in k for k in kinds)  # every other vLLM spec is an AttentionSpec
         hybrid_with_attn_and_mamba |= use_mamba and use_attn
         for name in t.shared_by:
             if name in raw:

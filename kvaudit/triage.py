@@ -93,6 +93,8 @@ class Triage:
     phase: str | None = None
     """Where the report's error happened (``kvaudit.evidence.PHASES``), when the report shows it."""
     audits: tuple[Any, ...] = field(default=(), repr=False)
+    not_audited: str | None = None
+    """Why the audit step did not run here (vLLM is not installed), when it did not."""
 
     def to_dict(self) -> dict:
         """The JSON contract (``schema_version`` 1)."""
@@ -106,6 +108,7 @@ class Triage:
             "recommended_kv_cache_memory_bytes": self.recommended_kv_cache_memory_bytes,
             "fixed_in": self.fixed_in, "cause": self.cause, "version_needed": self.version_needed,
             "releases": list(self.releases), "planned_with_vllm": self.planned_with, "phase": self.phase,
+            "not_audited": self.not_audited,
         }
 
     def to_json(self) -> str:
@@ -116,6 +119,8 @@ class Triage:
         """A report ready to paste into an issue."""
         out = [f"### kvaudit triage: {self.verdict}" + (f" ({self.factor:.2f}×)" if self.factor else ""), "",
                self.headline, ""]
+        if self.not_audited:
+            out += [f"> kvaudit did not audit the allocator: {self.not_audited}", ""]
         if self.evidence:
             out += ["**Evidence**", ""] + [f"- {e}" for e in self.evidence] + [""]
         if self.deployment:
@@ -408,6 +413,13 @@ def triage(text: str, config: str | None = None, title: str | None = None,
     evidence = _evidence_lines(ev)
     if inputs.spec is None:
         return _without_plan(ev, values, inputs, evidence, missing)
+    from kvaudit.plan import vllm_version
+
+    if vllm_version() is None:  # the reading stands; only what needs vLLM's planner is left out
+        why = "vLLM is not installed where kvaudit ran (pip install vllm, or run kvaudit in the serving environment)"
+        t = _without_plan(ev, values, inputs, evidence, missing, f"The report was read; {why}, so the deployment "
+                          "was not planned and its allocator not audited.")
+        return dataclasses.replace(t, not_audited=why)
     with _as_it_ran(inputs.ran):
         try:
             d = _deployment(values, inputs)

@@ -119,3 +119,41 @@ def test_pr_6887_and_upstream_share_as_planned():
     for name in ("vllm", "ascend-0.16"):
         r = _audit(name, MetaMeter())
         assert all(set(row.shares_with) == set(row.planned_shares_with) for row in r.layers)
+
+
+def _synthetic(tensors):
+    """A plan of (size, {layer: spec type}) tensors, as vLLM's KVCacheTensor(size, shared_by) lists them."""
+    from kvaudit.results import GroupPlan, KVPlan, TensorPlan
+
+    specs = {name: kind for _, layers in tensors for name, kind in layers.items()}
+    return KVPlan(vllm_version="synthetic", platform="ascend-contiguous", block_size=16, num_blocks=4,
+                  kv_budget_bytes=0, plan_format="shared_by", planned_bytes=sum(size for size, _ in tensors),
+                  groups=tuple(GroupPlan(i, kind, 16, 64, (name,)) for i, (name, kind) in enumerate(specs.items())),
+                  tensors=tuple(TensorPlan(size, tuple(layers)) for size, layers in tensors), layer_specs=specs)
+
+
+HYBRID = (4096, {"model.layers.0.linear_attn": "MambaSpec", "model.layers.3.self_attn.attn": "FullAttentionSpec"})
+MTP = (2048, {"mtp.layers.0.self_attn.attn": "FullAttentionSpec"})
+SLIDING_HYBRID = (4096, {"model.layers.0.mixer": "MambaSpec", "model.layers.1.self_attn.attn": "SlidingWindowSpec"})
+
+
+def test_pr_6887_keeps_one_format_once_a_tensor_mixed_attention_and_mamba():
+    """vllm-ascend 0.16's ``hybrid_with_attn_and_mamba`` stays set for the rest of the loop: an
+    attention-only tensor after a hybrid one (the MTP layer, its comment says) gets one shared buffer,
+    not K/V halves; before any hybrid tensor it gets K/V halves."""
+    allocate = STRATEGIES["ascend-0.16"].allocate
+    after = allocate(_synthetic([HYBRID, MTP]), torch.device("meta"), False)
+    assert isinstance(after["mtp.layers.0.self_attn.attn"], torch.Tensor)
+    assert after["mtp.layers.0.self_attn.attn"].numel() == 2048
+    assert after["model.layers.0.linear_attn"] is after["model.layers.3.self_attn.attn"]
+    before = allocate(_synthetic([MTP, HYBRID]), torch.device("meta"), False)
+    k, v = before["mtp.layers.0.self_attn.attn"]
+    assert k.numel() == v.numel() == 1024
+
+
+def test_pr_6887_counts_every_attention_spec_as_attention():
+    """The release asks ``isinstance(spec, AttentionSpec)``: a sliding-window layer is attention too, so
+    a tensor it shares with a Mamba layer is hybrid, and the attention-only tensor after it is one buffer."""
+    raw = STRATEGIES["ascend-0.16"].allocate(_synthetic([SLIDING_HYBRID, MTP]), torch.device("meta"), False)
+    assert isinstance(raw["mtp.layers.0.self_attn.attn"], torch.Tensor)
+    assert raw["model.layers.0.mixer"] is raw["model.layers.1.self_attn.attn"]

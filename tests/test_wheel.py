@@ -1,0 +1,80 @@
+"""kvaudit as ``pip install kvaudit`` gives it to a user without a serving stack: the wheel, installed into
+a fresh environment with neither torch nor vLLM. Every command works or ends with one line, exit 3,
+naming what to install (a traceback with exit 1 would read as "over-allocation" in a CI gate)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from conftest import ROOT
+
+THREAD = ROOT / "fixtures/reports/threads/vllm-10569.txt"
+
+
+@pytest.fixture(scope="module")
+def kvaudit_exe(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
+                   check=True, capture_output=True)
+    (wheel,) = (tmp / "dist").glob("kvaudit-*.whl")
+    venv.create(tmp / "env", with_pip=True)
+    py = tmp / "env/bin/python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    missing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('torch'), "
+                              "u.find_spec('vllm'))"], capture_output=True, text=True, check=True).stdout
+    assert missing.split() == ["None", "None"]
+    return tmp / "env/bin/kvaudit"
+
+
+def _kvaudit(exe, *args):
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=exe.parent)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["meters"]])
+def test_what_needs_no_torch_works(kvaudit_exe, args):
+    p = _kvaudit(kvaudit_exe, *args)
+    assert p.returncode == 0 and p.stdout and "Traceback" not in p.stderr
+
+
+def test_meters_says_torch_is_not_installed(kvaudit_exe):
+    out = _kvaudit(kvaudit_exe, "meters").stdout
+    assert "meta" in out and "torch is not installed" in out
+
+
+@pytest.mark.parametrize("args, package", [
+    (["qwen3-next"], "torch"), (["audit", "--preset", "llama-3.1-8b", "--meter", "meta"], "torch"),
+    (["audit", "--plan", ROOT / "README.md"], None), (["plan", "--preset", "qwen3-next"], "vLLM"),
+    (["models"], "vLLM"), (["history", "qwen3-next"], "vLLM"),
+])
+def test_what_needs_torch_or_vllm_is_one_line_and_exit_3(kvaudit_exe, args, package):
+    p = _kvaudit(kvaudit_exe, *args)
+    lines = p.stderr.strip().splitlines()
+    if package is None:  # not a plan file: bad input comes first
+        assert p.returncode == 2 and lines[-1].startswith("kvaudit: error:") and len(lines) == 1
+        return
+    assert p.returncode == 3 and len(lines) == 1 and p.stdout == "", p.stderr
+    assert lines[0].startswith("kvaudit: error:") and package in lines[0] and "install" in lines[0]
+
+
+def test_a_saved_plan_needs_torch_to_be_audited(kvaudit_exe, tmp_path):
+    from kvaudit.cli import main
+
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--preset", "llama-3.1-8b", "-s", "vllm", "--save", str(plan), "--format", "json"]) == 0
+    p = _kvaudit(kvaudit_exe, "audit", "--plan", plan)
+    assert p.returncode == 3 and p.stderr.strip().splitlines() == [
+        "kvaudit: error: this command needs the Python package 'torch', which is not installed in this environment: "
+        "kvaudit allocates with torch (install the serving environment's torch, or a CPU wheel from "
+        "https://download.pytorch.org/whl/cpu)"]
+
+
+def test_triage_reads_the_report_and_says_the_audit_did_not_run(kvaudit_exe):
+    p = _kvaudit(kvaudit_exe, "triage", THREAD)
+    assert p.returncode == 3 and "Traceback" not in p.stderr
+    assert "### kvaudit triage: allocation-matches-plan" in p.stdout
+    assert "memory profiling" in p.stdout and "kvaudit did not audit the allocator: vLLM is not installed" in p.stdout
+    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: the audit step did not run: vLLM is not installed")
