@@ -153,7 +153,7 @@ def _device_oom(plan: KVPlan, dry: DryRun, recorder: StorageRecorder, message: s
     request = dry.sizes[done] if done < len(dry.sizes) else (parsed.tried if parsed else None)
     return DeviceOom(allocation=done + 1, allocations=len(dry.sizes), request_bytes=request,
                      allocated_before_bytes=sum(e.nbytes for e in recorder.events),
-                     free_bytes=parsed.free if parsed else None,
+                     free_bytes=parsed.free if parsed else None, segment_bytes=parsed.tried if parsed else None,
                      tensor=plan.tensor_of(layers[0]) if layers and layers[0] in plan.layer_specs else None,
                      layers=layers, message=message)
 
@@ -247,6 +247,8 @@ def _oom_reason(o: DeviceOom, meter: Meter) -> str:
     need = (f"; it needed {fmt_bytes(o.needed_more_bytes)} more than the {fmt_bytes(o.free_bytes)} free"
             if o.needed_more_bytes is not None and o.free_bytes is not None else "")
     request = fmt_bytes(o.request_bytes) if o.request_bytes is not None else "an allocation"
+    if o.segment_bytes and o.request_bytes is not None and o.segment_bytes != o.request_bytes:
+        request += f" (a {fmt_bytes(o.segment_bytes)} segment for the caching allocator)"
     said = o.message.split(" If reserved memory")[0].split(" Including non-PyTorch memory")[0]
     return (f"ran out of memory on the {meter.name} meter at allocation {o.allocation} of {o.allocations}: "
             f"{request} for {where}, with {fmt_bytes(o.allocated_before_bytes)} already allocated{need} "

@@ -1,12 +1,18 @@
 """Out-of-memory errors: recognise them and read the figures torch and torch_npu put in them.
 
-The messages look like (torch_npu, and CUDA before torch 2.1):
+The messages look like (torch_npu, ``torch_npu/csrc/core/npu/NPUCachingAllocator.cpp``: a ``RuntimeError``
+ending ``) If reserved memory ...`` up to torch_npu 2.5.1, a ``torch.OutOfMemoryError`` ending ``).If
+reserved memory ...`` from 2.6; CUDA before torch 2.1 used the same shape):
 ``NPU out of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB already
 allocated; 57.49 GiB current active; 1.96 GiB free; 57.62 GiB reserved in total by PyTorch)``
 and (CUDA, torch 2.1+):
 ``CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which
 1.50 GiB is free. ... Of the allocated memory 76.00 GiB is allocated by PyTorch, and 1.10 GiB is
 reserved by PyTorch but unallocated.``
+
+In both allocators "Tried to allocate" is the segment the allocator asked the device for
+(``get_allocation_size(round_size(request))``: a 2 MiB or 20 MiB pool segment, or the padded request
+rounded up to 2 MiB), not the size the code requested.
 """
 
 from __future__ import annotations

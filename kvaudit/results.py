@@ -261,20 +261,24 @@ class DeviceOom:
     layers: tuple[str, ...]
     message: str
     """The error's first line."""
+    segment_bytes: int | None = None
+    """What the caching allocator tried to reserve from the device, from its message ("Tried to allocate"
+    prints the segment: the request padded and rounded, 2 MiB-rounded or a 2 / 20 MiB pool segment)."""
 
     @property
     def needed_more_bytes(self) -> int | None:
-        """How much more the failing allocation needed than was free."""
+        """How much more the failing allocation needed than was free (the segment the allocator asked the
+        device for, where the message says it)."""
         if self.request_bytes is None or self.free_bytes is None:
             return None
-        return max(0, self.request_bytes - self.free_bytes)
+        return max(0, max(self.request_bytes, self.segment_bytes or 0) - self.free_bytes)
 
     def to_dict(self) -> dict:
         """JSON form."""
         return {"allocation": self.allocation, "allocations": self.allocations, "request_bytes": self.request_bytes,
                 "allocated_before_bytes": self.allocated_before_bytes, "free_bytes": self.free_bytes,
-                "needed_more_bytes": self.needed_more_bytes, "tensor": self.tensor, "layers": list(self.layers),
-                "message": self.message}
+                "needed_more_bytes": self.needed_more_bytes, "segment_bytes": self.segment_bytes,
+                "tensor": self.tensor, "layers": list(self.layers), "message": self.message}
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,13 @@ def test_device_index_beyond_the_devices(monkeypatch):
     assert "no npu device 3" in make_meter("npu", index=3).probe()
 
 
-@pytest.mark.parametrize("device_type", ["npu", "cuda"])
-def test_device_meter_reads_allocator_counters(monkeypatch, device_type):
-    """reset, baseline, allocated/reserved/peak deltas and requested bytes through the fake API."""
-    fake = FakeAllocatorBackend()
+@pytest.mark.parametrize("device_type, held_before, tmp_block", [
+    ("npu", 1536, (10 << 20) + 512),  # torch_npu pads every request by 32 B before rounding to 512 B
+    ("cuda", 1024, 10 << 20),
+])
+def test_device_meter_reads_allocator_counters(monkeypatch, device_type, held_before, tmp_block):
+    """reset, baseline, allocated/reserved/peak deltas and requested bytes through each allocator's fake."""
+    fake = FakeAllocatorBackend(flavor=device_type)
     m = DeviceMeter(device_type, "cpu", lambda: fake)  # host memory stands in for the device's
     with fake.recording():
         base = torch.zeros(1000, dtype=torch.int8)  # held before the run: not counted
@@ -115,15 +118,17 @@ def test_device_meter_reads_allocator_counters(monkeypatch, device_type):
         tmp = torch.zeros(10 << 20, dtype=torch.int8)
         del tmp
         r = m.stop()
-    assert r.requested == 3 * (1 << 20) + 1
-    assert r.allocated == 3 * (1 << 20) + 512  # rounded up to 512 B by the caching allocator
-    assert r.peak == r.allocated + (10 << 20)
-    assert r.reserved == (4 << 20) + (10 << 20)  # segments stay reserved until empty_cache
+    assert r.requested == 3 * (1 << 20) + 1  # what the code asked for
+    assert r.allocated == 3 * (1 << 20) + 512  # the block: rounded up to 512 B
+    assert r.peak == r.allocated + tmp_block
+    # one 20 MiB large-pool segment (kLargeBuffer, for 1-10 MiB requests) served both, split; it stays
+    # reserved (beside the 2 MiB small segment held before) until empty_cache
+    assert r.reserved == 20 << 20 and r.before.reserved == 2 << 20
     assert fake.calls[:2] == ["synchronize", "reset_peak_memory_stats"]
+    assert r.before.allocated == held_before
     del keep, base
     after = m.release()
     assert "empty_cache" in fake.calls and fake.memory_reserved() == 0 and after.allocated == 0
-    assert r.before.allocated == 1024  # the 1000 B held before the run, rounded
 
 
 def test_npu_meter_audits_through_the_fake_torch_npu(monkeypatch):

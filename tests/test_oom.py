@@ -42,3 +42,31 @@ def test_which_exceptions_are_out_of_memory():
     assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory"))
     assert not is_out_of_memory(RuntimeError("Expected all tensors to be on the same device"))
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+# Verbatim from public threads: torch_npu up to 2.5.1 (a RuntimeError, ") If") and from 2.6 (").If").
+REAL_NPU = [
+    # https://github.com/vllm-project/vllm-ascend/issues/19
+    ("RuntimeError: NPU out of memory. Tried to allocate 22.00 MiB (NPU 0; 60.97 GiB total capacity; 10.24 GiB already "
+     "allocated; 10.24 GiB current active; 19.52 MiB free; 10.65 GiB reserved in total by PyTorch) If reserved memory "
+     "is >> allocated memory try setting max_split_size_mb to avoid fragmentation.",
+     (22 << 20, 60.97, 19.52 * (1 << 20), 10.65)),
+    # https://github.com/vllm-project/vllm-ascend/issues/1987
+    ("RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; 58.92 GiB already "
+     "allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total by PyTorch) If reserved memory is "
+     ">> allocated memory try setting max_split_size_mb to avoid fragmentation.",
+     (3.47 * (1 << 30), 60.97, 1.66 * (1 << 30), 58.95)),
+    # https://github.com/sgl-project/sglang/issues/29838 (torch_npu 2.6+)
+    ("torch.OutOfMemoryError: NPU out of memory. Tried to allocate 72.00 MiB (NPU 0; 61.27 GiB total capacity; 56.05 "
+     "GiB already allocated; 56.05 GiB current active; 5.04 MiB free; 58.39 GiB reserved in total by PyTorch).If "
+     "reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.",
+     (72 << 20, 61.27, 5.04 * (1 << 20), 58.39)),
+]
+
+
+@pytest.mark.parametrize("message, figures", REAL_NPU)
+def test_real_torch_npu_messages_of_both_formats(message, figures):
+    tried, total_gib, free, reserved_gib = figures
+    o = parse_oom(message)
+    assert o.device == "NPU 0" and o.tried == round(tried) and o.free == round(free)
+    assert o.total == round(total_gib * (1 << 30)) and o.reserved == round(reserved_gib * (1 << 30))
