@@ -16,7 +16,10 @@ from kvaudit.plan import make_deployment  # noqa: E402
 from kvaudit.results import MemoryReading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_VERSION = importlib.metadata.version("vllm")
+try:
+    VLLM_VERSION: str | None = importlib.metadata.version("vllm")
+except importlib.metadata.PackageNotFoundError:  # a device host: only tests/test_device.py runs there
+    VLLM_VERSION = None
 GOLDEN = ROOT / "fixtures" / "golden" / f"vllm-{VLLM_VERSION}"
 """Golden tables per vLLM version: the plans (and so every figure) come from that vLLM."""
 

@@ -15,7 +15,8 @@ of a simulated caching allocator that follows ``NPUCachingAllocator.cpp`` of tor
 - a free block is found best-fit in its pool and split when the rest is worth keeping (small pool:
   at least 512 B; large pool: more than 1 MiB, else the whole block is handed out); freed blocks merge
   with free neighbours; ``empty_cache`` releases only segments that are entirely free.
-- out of memory: when a new segment does not fit, the allocator frees its cached segments and tries once
+- out of memory: when a new segment does not fit (the device, or the cap
+  ``set_per_process_memory_fraction`` sets), the allocator frees its cached segments and tries once
   more (``num_alloc_retries``), then raises ``torch.OutOfMemoryError`` (``num_ooms``). "Tried to allocate"
   is the *segment* size (``alloc_size``), not the request. torch_npu's message (2.6+; up to 2.5.1 it was a
   ``RuntimeError`` with ``) If``): ``NPU out of memory. Tried to allocate 20.00 MiB (NPU 0; 1.00 GiB total
@@ -116,6 +117,7 @@ class FakeAllocatorBackend:
         self.segments: list[_Segment] = []
         self.peaks: dict[str, int] = {}
         self.cumulative: dict[str, list[int]] = {}  # stat -> [allocated, freed] over the process
+        self.fraction: float | None = None
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.calls: list[str] = []
@@ -175,15 +177,20 @@ class FakeAllocatorBackend:
     def _reserved(self) -> int:
         return sum(s.size for s in self.segments)
 
+    def _limit(self) -> int:
+        """The device's memory, or the cap ``set_per_process_memory_fraction`` put on this process."""
+        return self.total if self.fraction is None else int(self.fraction * self.total)
+
     def _out_of_memory(self, alloc_size: int) -> torch.OutOfMemoryError:
         cur = self._current()
         free = self.total - self._reserved()
         fs = format_size
         if self.flavor == "npu":
+            allowed = f"{fs(self._limit())} allowed; " if self.fraction is not None else ""
             return torch.OutOfMemoryError(
                 f"NPU out of memory. Tried to allocate {fs(alloc_size)} (NPU 0; {fs(self.total)} total capacity; "
                 f"{fs(cur['allocated_bytes'])} already allocated; {fs(cur['active_bytes'])} current active; "
-                f"{fs(free)} free; {fs(cur['reserved_bytes'])} reserved in total by PyTorch).If reserved memory is "
+                f"{fs(free)} free; {allowed}{fs(cur['reserved_bytes'])} reserved in total by PyTorch).If reserved memory is "
                 ">> allocated memory try setting max_split_size_mb to avoid fragmentation.")
         return torch.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate {fs(alloc_size)}. GPU 0 has a total capacity of {fs(self.total)} "
@@ -207,10 +214,10 @@ class FakeAllocatorBackend:
             seg = self.segments[i]
         else:
             alloc_size = allocation_size(rounded)
-            if self._reserved() + alloc_size > self.total:
+            if self._reserved() + alloc_size > self._limit():
                 self.num_alloc_retries += 1
                 self._release_free_segments()
-                if self._reserved() + alloc_size > self.total:
+                if self._reserved() + alloc_size > self._limit():
                     self.num_ooms += 1
                     raise self._out_of_memory(alloc_size)
             block = _Block(0, alloc_size)
@@ -296,6 +303,10 @@ class FakeAllocatorBackend:
 
     def memory_reserved(self, index: int = 0) -> int:
         return self.memory_stats(index)["reserved_bytes.all.current"]
+
+    def set_per_process_memory_fraction(self, fraction: float, index: int = 0) -> None:
+        """Cap what this process may reserve at ``fraction`` of the device (``None`` after 1.0 lifts it)."""
+        self.fraction = None if fraction >= 1.0 else fraction
 
     def mem_get_info(self, index: int = 0) -> tuple[int, int]:
         self._prune()

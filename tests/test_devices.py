@@ -1,5 +1,6 @@
-"""Device meters at work, through the fake torch.npu: rounding apart from waste, a device too full
-to measure, a real out-of-memory as a finding with the other strategies still audited, the leak check."""
+"""Device meters at work, through the fake torch.npu: rounding apart from waste, a device too full to
+measure, a real out-of-memory as a finding with the other strategies still audited, the leak check
+(on a real GPU or NPU: tests/test_device.py)."""
 
 from __future__ import annotations
 
@@ -122,32 +123,19 @@ def test_out_of_memory_through_the_cli(npu, capsys, monkeypatch):
     assert fake.memory_allocated() == 0
 
 
-@pytest.mark.cuda
-def test_cuda_full_scale_bytes_equal_the_meta_accounting():
-    """On a real GPU: Qwen3-Next at the TP 4 budget, every strategy; measured (requested) bytes equal
-    the meta accounting exactly, and the allocator's rounding stays under 2 MiB per allocation."""
-    from kvaudit.meters import MetaMeter, make_meter
+@pytest.mark.parametrize("flavor", ["cuda", "npu"])
+def test_the_device_checks_pass_on_each_fake_allocator(flavor, monkeypatch):
+    """tests/test_device.py's checks, run here against the fake of each allocator (a scaled plan): they
+    pass where the allocator behaves as its real one, so on a device a failure is the device's."""
+    import test_device
 
-    d = deployment()
-    cuda = make_meter("cuda")
-    for s in STRATEGIES.values():
-        plan = plan_for(d, s.platform)
-        on_meta = run_audit(d, plan, s, MetaMeter())
-        on_gpu = run_audit(d, plan, s, cuda)
-        assert on_gpu.allocated_bytes == on_meta.allocated_bytes
-        assert 0 <= on_gpu.rounding_bytes < (2 << 20) * on_gpu.allocations
-        assert on_gpu.leaked_bytes == 0 and on_gpu.device_oom is None
-
-
-@pytest.mark.cuda
-def test_cuda_budget_that_makes_the_4x_strategy_run_out_on_purpose():
-    from kvaudit.meters import make_meter
-
-    cuda = make_meter("cuda")
-    free = cuda.free_bytes()
-    d = deployment(kv_cache_memory_bytes=int(free / 3))  # 1x and 2x fit; 4x cannot
-    results = {r.strategy: r for r in audit_all(d, list(STRATEGIES.values()), cuda)}
-    assert results["ascend-0.11"].device_oom is not None
-    assert results["ascend-0.12"].device_oom is None and results["ascend-0.12"].ratio == pytest.approx(2.0, rel=0.005)
-    assert results["vllm"].verdict is Verdict.PASS and results["ascend-0.16"].verdict is Verdict.PASS
-    assert all(r.leaked_bytes == 0 for r in results.values())
+    d = deployment(**SCALED)
+    plans = {s.platform: plan_for(d, s.platform) for s in STRATEGIES.values()}
+    fake = FakeAllocatorBackend(total=4 * GiB, flavor=flavor)
+    monkeypatch.setattr(test_device, "qwen3_next_plans", lambda: (d, plans))
+    monkeypatch.setattr(test_device, "make_meter", lambda name, index=0: DeviceMeter(name, "cpu", lambda: fake))
+    with fake.recording():
+        test_device.test_full_scale_bytes_equal_the_meta_accounting(flavor)
+        test_device.test_a_budget_that_makes_the_4x_strategy_run_out_on_purpose(flavor)
+        assert fake.fraction is None  # the cap is lifted afterwards
+        test_device.test_the_leak_check_on_the_device(flavor)

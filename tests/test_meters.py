@@ -149,15 +149,6 @@ def test_npu_meter_audits_through_the_fake_torch_npu(monkeypatch):
     assert fake.memory_allocated() == 0  # every strategy's memory was released
 
 
-@pytest.mark.cuda
-def test_cuda_meter_on_a_real_gpu():
-    m = make_meter("cuda")
-    d = deployment(num_blocks_override=64, max_model_len=1024)
-    s = STRATEGIES["ascend-0.12"]
-    r = run_audit(d, plan_for(d, s.platform), s, m)
-    assert r.ratio == pytest.approx(2.0, rel=0.005) and r.reading.reserved >= r.allocated_bytes
-
-
 def test_host_meter_refuses_a_plan_that_does_not_fit(monkeypatch):
     monkeypatch.setattr(meters, "host_available_bytes", lambda: 1 << 30)
     d = deployment()
