@@ -2,7 +2,8 @@
 light commands, the in-process plan + audits, cpu-meter time per GiB, and (on a GPU/NPU) full-scale
 device audit time per strategy against the fill-bandwidth floor. Prints figures; asserts nothing.
 
-Run: .venv/bin/python bench/bench.py [--reps N]
+Run: .venv/bin/python bench/bench.py [--reps N]; on a device host without vLLM:
+python3 bench/bench.py --device-only --plan PLAN.json (what scripts/device-check runs)
 """
 
 from __future__ import annotations
@@ -122,18 +123,29 @@ def cpu_per_gib() -> None:
         print(f"  {s.name:12} {gib:6.2f} GiB allocated in {dt:5.2f} s = {dt / gib:5.2f} s/GiB")
 
 
-def device_full_scale() -> None:
+def device_full_scale(plan_file: str | None = None) -> list[dict]:
     """On a GPU/NPU: full-scale audit time per strategy next to the floor, the bytes it zeroes over
-    the device's measured fill bandwidth."""
+    the device's measured fill bandwidth. Plans come from vLLM, or from ``plan_file`` (``kvaudit plan
+    --save``) where vLLM is not installed. Returns the rows it printed."""
     from kvaudit.audit import run_audit
+    from kvaudit.errors import NotAuditable
     from kvaudit.meters import select_meter
-    from kvaudit.plan import build_plan
     from kvaudit.strategies import STRATEGIES
 
     meter = select_meter("auto")
     if meter.name not in ("cuda", "npu"):
         print("device: skipped (no cuda or npu device here)")
-        return
+        return []
+    if plan_file:
+        from kvaudit.planfile import load
+
+        stage = load(plan_file).stages[0]
+        d, plans = stage.deployment, stage.plans
+    else:
+        from kvaudit.plan import build_plan
+
+        d = _qwen()
+        plans = {s.platform: build_plan(d, s.platform) for s in STRATEGIES.values()}
     import torch
 
     backend = meter.backend()  # type: ignore[attr-defined]
@@ -145,25 +157,40 @@ def device_full_scale() -> None:
     bandwidth = (4 << 30) / (time.perf_counter() - t0)
     del buf
     backend.empty_cache()
-    d = _qwen()
     print(f"device {meter.describe()}: fill bandwidth {bandwidth / 1e9:.0f} GB/s")
+    rows = []
     for s in STRATEGIES.values():
-        plan = build_plan(d, s.platform)
+        try:
+            if s.prepare:
+                s.prepare(plans[s.platform])
+        except NotAuditable as e:
+            print(f"  {s.name:12} not audited: {e.message}")
+            continue
         t0 = time.perf_counter()
-        r = run_audit(d, plan, s, meter)
+        r = run_audit(d, plans[s.platform], s, meter)
         dt = time.perf_counter() - t0
         floor = r.reading.allocated / bandwidth
+        rows.append({"strategy": s.name, "allocated_bytes": r.reading.allocated, "seconds": dt,
+                     "floor_seconds": floor, "bandwidth_bytes_per_s": bandwidth})
         print(f"  {s.name:12} {r.reading.allocated / 2**30:6.2f} GiB zeroed in {dt * 1000:7.1f} ms "
               f"(floor {floor * 1000:6.1f} ms)")
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--device-only", action="store_true",
+                    help="only the full-scale device audit (a GPU/NPU host; needs no vLLM with --plan)")
+    ap.add_argument("--plan", help="a plan file from 'kvaudit plan --save' for the device audit")
     a = ap.parse_args()
     import platform
 
     print(f"kvaudit bench · {platform.machine()} · {os.cpu_count()} CPUs · Python {platform.python_version()}")
+    if a.device_only:
+        sys.path.insert(0, str(ROOT))
+        device_full_scale(a.plan)
+        return
     cold(a.reps)
     print("light commands:")
     light(a.reps)

@@ -1,0 +1,235 @@
+"""The device part of ``scripts/device-check``: every check of kvaudit's device path, with results as JSON and Markdown.
+
+Needs only Python with torch (and torch_npu on an Ascend host) and the files ``scripts/device-check
+prepare`` saved: the plans vLLM made and the meta audits of them. Checks, in order:
+
+1. torch here audits the saved plans on ``meta`` byte for byte as the planning host's live audit did;
+2. the ``cuda`` / ``npu`` tests (``tests/test_device.py``: full scale against the meta accounting, a 4x
+   strategy out of memory on purpose, the leak check);
+3. a smoke audit through the real meter, no fake: every strategy on each saved Qwen3-Next TP 4 plan at
+   full scale (``kvaudit audit --plan ... --meter cuda|npu``);
+4. the 4x strategy run out of memory on purpose (the caching allocator capped at what is held plus three
+   times the plan), the others still audited, memory back where it started;
+5. ``bench/bench.py``'s device time per strategy against the fill-bandwidth floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+
+def _env(plans: Path) -> dict:
+    site = plans / "site"
+    path = os.pathsep.join(filter(None, [str(ROOT), str(site) if site.is_dir() else "", os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, KVAUDIT_DEVICE_PLANS=str(plans), COLUMNS="160")
+
+
+def _kvaudit(args: list[str], plans: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvaudit", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=_env(plans))
+
+
+def _device() -> tuple[str | None, str]:
+    from kvaudit.meters import make_meter
+
+    reasons = []
+    for name in ("npu", "cuda"):
+        why = make_meter(name).probe()
+        if why is None:
+            return name, make_meter(name).describe()
+        reasons.append(f"{name}: {why}")
+    return None, "; ".join(reasons)
+
+
+def check_torch_compat(plans: Path) -> dict:
+    rows = []
+    for plan in sorted(plans.glob("*.plan.json")):
+        expected = plan.with_name(plan.name.replace(".plan.json", ".meta.json"))
+        p = _kvaudit(["audit", "--plan", str(plan), "--meter", "meta", "--format", "json"], plans)
+        got = json.loads(p.stdout) if p.stdout.startswith("{") else None
+        want = json.loads(expected.read_text()) if expected.is_file() else None
+        ok = got is not None and want is not None
+        if ok:  # the vllm strategy is skipped where vLLM is not installed: compare what both audited
+            by_name = {a["strategy"]: a for a in want["audits"]}
+            ok = all(a == by_name.get(a["strategy"]) for a in got["audits"]) and bool(got["audits"])
+            ok = ok and all(want["capacity"].get(k) == v for k, v in got["capacity"].items())
+            ok = ok and all(got[k] == want[k] for k in ("vllm_version", "meter", "meter_device", "model",
+                                                         "deployment"))
+        rows.append({"plan": plan.name, "exit_code": p.returncode, "identical": ok,
+                     "audited": [a["strategy"] for a in got["audits"]] if got else [],
+                     "skipped": [s["strategy"] for s in got["skipped"]] if got else [],
+                     "stderr": p.stderr.strip().splitlines()[-1:] })
+    passed = bool(rows) and all(r["identical"] for r in rows)
+    return {"status": "pass" if passed else "fail", "plans": rows}
+
+
+def check_device_tests(plans: Path) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "cuda or npu",
+                        "tests/test_device.py"], capture_output=True, text=True, cwd=ROOT, env=_env(plans))
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    summary = lines[-1] if lines else ""
+    status = "pass" if p.returncode == 0 and " passed" in summary else (
+        "skipped" if p.returncode == 0 else "fail")
+    return {"status": status, "exit_code": p.returncode, "summary": summary, "seconds": time.perf_counter() - t0,
+            "tail": lines[-15:]}
+
+
+def check_smoke(plans: Path, device: str) -> dict:
+    rows, ok = [], True
+    for plan in sorted(plans.glob("*.plan.json")):
+        t0 = time.perf_counter()
+        p = _kvaudit(["audit", "--plan", str(plan), "--meter", device, "--format", "json"], plans)
+        dt = time.perf_counter() - t0
+        doc = json.loads(p.stdout) if p.stdout.startswith("{") else None
+        if doc is None:
+            rows.append({"plan": plan.name, "exit_code": p.returncode, "error": p.stderr.strip().splitlines()[-1:]})
+            ok = False
+            continue
+        audits = [{"strategy": a["strategy"], "ratio": round(a["ratio"], 4), "verdict": a["verdict"],
+                   "requested": a["reading"]["requested"], "allocated": a["reading"]["allocated"],
+                   "reserved": a["reading"]["reserved"], "rounding": a["rounding_bytes"],
+                   "leaked": a["leaked_bytes"], "device_oom": a["device_oom"] is not None,
+                   "back_to_start": (a["after_release"] or {}).get("allocated") == (a["reading"]["before"] or {}).get(
+                       "allocated")} for a in doc["audits"]]
+        want = {"vllm": 1.0, "ascend-0.11": 4.0, "ascend-0.12": 2.0, "ascend-0.16": 1.0}
+        good = (p.returncode == 1 and all(round(a["ratio"], 2) == want[a["strategy"]] and not a["leaked"]
+                                          and not a["device_oom"] and a["back_to_start"] for a in audits))
+        ok = ok and good
+        rows.append({"plan": plan.name, "exit_code": p.returncode, "seconds": dt, "meter_device": doc["meter_device"],
+                     "planned_by": doc["vllm_version"], "audits": audits,
+                     "skipped": [[s["strategy"], s["reason"]] for s in doc["skipped"]], "as_expected": good})
+    return {"status": "pass" if ok and rows else "fail", "plans": rows}
+
+
+def check_oom_on_purpose(plans: Path, device: str) -> dict:
+    from kvaudit.audit import audit_all
+    from kvaudit.errors import NotAuditable
+    from kvaudit.meters import make_meter
+    from kvaudit.planfile import load
+    from kvaudit.strategies import STRATEGIES
+
+    stage = load(plans / "qwen3-next.plan.json").stages[0]
+    meter = make_meter(device)
+    backend = meter.backend()
+    backend.empty_cache()
+    runnable = []
+    for s in STRATEGIES.values():
+        try:
+            if s.prepare:
+                s.prepare(stage.plans[s.platform])
+            runnable.append(s)
+        except NotAuditable:
+            pass
+    planned = stage.plans["ascend-align128"].planned_bytes
+    total = backend.mem_get_info(0)[1]
+    start = (backend.memory_allocated(0), backend.memory_reserved(0))
+    cap = min(1.0, (start[1] + 3 * planned) / total)
+    backend.set_per_process_memory_fraction(cap, 0)
+    try:
+        results = audit_all(stage.deployment, runnable, meter, plan_for=lambda s: stage.plans[s.platform])
+    finally:
+        backend.set_per_process_memory_fraction(1.0, 0)
+    backend.empty_cache()
+    end = (backend.memory_allocated(0), backend.memory_reserved(0))
+    by = {r.strategy: r for r in results}
+    oom = by["ascend-0.11"].device_oom
+    ok = (oom is not None and all(r.device_oom is None for n, r in by.items() if n != "ascend-0.11")
+          and end[0] == start[0] and all(r.leaked_bytes == 0 for r in results))
+    return {"status": "pass" if ok else "fail", "cap_fraction": cap, "cap_bytes": int(cap * total),
+            "planned_bytes": planned, "allocated_before": start[0], "allocated_after": end[0],
+            "reserved_before": start[1], "reserved_after": end[1],
+            "oom": oom.to_dict() if oom else None,
+            "others": {n: {"ratio": round(r.ratio, 4), "verdict": r.verdict.value} for n, r in by.items()
+                       if n != "ascend-0.11"}}
+
+
+def check_bench(plans: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench
+
+    rows = bench.device_full_scale(str(plans / "qwen3-next.plan.json"))
+    return {"status": "pass" if rows else "fail", "rows": rows}
+
+
+def markdown(res: dict) -> str:
+    gib = 1 << 30
+    out = [f"# kvaudit device check, {res['date']}", "",
+           f"- host: {res['host']}", f"- torch {res['torch']}, Python {res['python']}",
+           f"- device: {res['device_description']}", f"- total: {res['seconds']:.0f} s", ""]
+    out += ["| check | status | figures |", "|---|---|---|"]
+    for name, c in res["checks"].items():
+        fig = ""
+        if name == "torch_compat":
+            fig = "; ".join(f"{r['plan']}: {'identical' if r['identical'] else 'DIFFERS'} ({', '.join(r['audited'])})"
+                            for r in c.get("plans", []))
+        elif name == "device_tests":
+            fig = c.get("summary", "")
+        elif name == "smoke" and c.get("plans"):
+            fig = "; ".join(f"{r['plan']}: " + ", ".join(
+                f"{a['strategy']} {a['ratio']:.2f}× ({a['requested'] / gib:.2f} GiB, rounding {a['rounding']} B)"
+                for a in r.get("audits", [])) for r in c["plans"])
+        elif name == "oom_on_purpose" and c.get("oom"):
+            o = c["oom"]
+            fig = (f"cap {c['cap_bytes'] / gib:.2f} GiB; ascend-0.11 out at allocation {o['allocation']} of "
+                   f"{o['allocations']}; allocated after = before ({c['allocated_after']:,} B): "
+                   f"{c['allocated_after'] == c['allocated_before']}")
+        elif name == "bench" and c.get("rows"):
+            fig = "; ".join(f"{r['strategy']} {r['seconds'] * 1000:.1f} ms (floor {r['floor_seconds'] * 1000:.1f} ms)"
+                            for r in c["rows"])
+        elif c.get("reason"):
+            fig = c["reason"]
+        out.append(f"| {name} | {c['status']} | {fig} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--plans", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    import torch
+
+    device, description = _device()
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+           "python": platform.python_version(), "torch": torch.__version__, "device": device,
+           "device_description": description, "checks": {}}
+    checks = [("torch_compat", lambda: check_torch_compat(a.plans)),
+              ("device_tests", lambda: check_device_tests(a.plans))]
+    if device:
+        checks += [("smoke", lambda: check_smoke(a.plans, device)),
+                   ("oom_on_purpose", lambda: check_oom_on_purpose(a.plans, device)),
+                   ("bench", lambda: check_bench(a.plans))]
+    for name, run in checks:
+        t = time.perf_counter()
+        try:
+            res["checks"][name] = run()
+        except Exception as e:  # a check that breaks is a failed check, with its reason
+            res["checks"][name] = {"status": "fail", "reason": f"{type(e).__name__}: {e}"}
+        res["checks"][name]["seconds"] = time.perf_counter() - t
+        print(f"device-check: {name}: {res['checks'][name]['status']}", file=sys.stderr, flush=True)
+    if not device:
+        for name in ("smoke", "oom_on_purpose", "bench"):
+            res["checks"][name] = {"status": "skipped", "reason": f"no cuda or npu device ({description})"}
+    res["seconds"] = time.perf_counter() - t0
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    (a.out / "results.md").write_text(markdown(res))
+    sys.stdout.write(markdown(res))
+    return 1 if any(c["status"] == "fail" for c in res["checks"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
