@@ -10,13 +10,15 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
 from fakes import FakeAllocatorBackend
 from kvaudit import meters
 from kvaudit.cli import main
 from kvaudit.meters import DeviceMeter
 
 GiB = 1 << 30
+pytestmark = pytest.mark.skipif(
+    VLLM_VERSION != PRIMARY_VLLM, reason=f"independent of the planning vLLM: tested under vLLM {PRIMARY_VLLM} only")
 
 
 def _load_device_check():

@@ -4,6 +4,7 @@ needs only torch, and refuses what it cannot do in one line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -187,3 +188,16 @@ def test_an_edited_plan_entry_is_named(saved, tmp_path, capsys):
 def test_options_that_would_change_a_saved_plan_are_refused(saved, extra, flag, capsys):
     code, out, err = _run(["audit", "--plan", str(saved), *extra], capsys)
     assert code == 2 and f"kvaudit: error: {flag} cannot change a saved plan" in err
+
+
+@pytest.mark.skipif(not os.environ.get("KVAUDIT_OTHER_TORCH_PYTHON"),
+                    reason="set KVAUDIT_OTHER_TORCH_PYTHON to a python with another torch (and rich), no vLLM")
+def test_saved_plan_under_another_torch(saved, capsys):
+    """The device host's torch differs from the lean install's (torch 2.11 on the GPU machine lent here):
+    the saved plan audits there as the live audit here, for every strategy that runs without vLLM."""
+    other = os.environ["KVAUDIT_OTHER_TORCH_PYTHON"]
+    p = subprocess.run([other, "-m", "kvaudit", "audit", "--plan", str(saved), "--format", "json"],
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    there = json.loads(p.stdout)
+    live = {a["strategy"]: a for a in json.loads(_run(["audit", *QWEN, "--format", "json"], capsys)[1])["audits"]}
+    assert there["audits"] and all(a == live[a["strategy"]] for a in there["audits"])

@@ -10,7 +10,10 @@ import venv
 
 import pytest
 
-from conftest import ROOT
+from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
+
+pytestmark = pytest.mark.skipif(
+    VLLM_VERSION != PRIMARY_VLLM, reason=f"independent of the planning vLLM: tested under vLLM {PRIMARY_VLLM} only")
 
 THREAD = ROOT / "fixtures/reports/threads/vllm-10569.txt"
 
