@@ -176,6 +176,7 @@ def audit_command(a: argparse.Namespace) -> int:
     from kvaudit.results import Report
     from kvaudit.resolve import resolve_strategy
     from kvaudit.strategies import STRATEGIES
+
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     for s in strategies:
@@ -213,6 +214,7 @@ def _saved_plan_audit(a: argparse.Namespace) -> int:
     from kvaudit.results import Report
     from kvaudit.resolve import resolve_strategy
     from kvaudit.strategies import STRATEGIES
+
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     for s in strategies:
         if s.note:

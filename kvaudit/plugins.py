@@ -79,9 +79,11 @@ def adapt(obj: Any, name: str, origin: str) -> Strategy:
         known = " or ".join(f"fn({', '.join(s)})" for s in _SIGNATURES)
         raise StrategyFailed(f"plugin {name!r} ({origin}) has an unknown signature fn({', '.join(params)}); "
                              f"kvaudit calls {known}")
-    prepare = None if params[0] == "plan" else (lambda plan: _config(obj, plan) and None)
+    def prepare(plan: KVPlan) -> None:  # vLLM's KVCacheConfig, rebuilt before the meter's window for a saved plan
+        _config(obj, plan)
+
     return Strategy(name=name, title=f"plugin {origin}", platform="cuda", releases=f"plugin {origin}",
-                    allocate=_caller(obj, params), prepare=prepare)
+                    allocate=_caller(obj, params), prepare=None if params[0] == "plan" else prepare)
 
 
 def _required_params(fn: Callable, name: str, origin: str) -> tuple[str, ...]:

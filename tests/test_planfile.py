@@ -201,3 +201,13 @@ def test_saved_plan_under_another_torch(saved, capsys):
     there = json.loads(p.stdout)
     live = {a["strategy"]: a for a in json.loads(_run(["audit", *QWEN, "--format", "json"], capsys)[1])["audits"]}
     assert there["audits"] and all(a == live[a["strategy"]] for a in there["audits"])
+
+
+def test_a_plugin_written_against_kvcacheconfig_gets_vllms_object_rebuilt(saved, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "tests/plugins"))
+    code, out, err = _run(["audit", "--plan", str(saved), "-s", "kvaudit_testplugin:one_buffer_per_tensor",
+                           "-s", "kvaudit_testplugin:doubled", "--format", "json"], capsys)
+    doc = json.loads(out)
+    ratios = {a["strategy"]: round(a["ratio"], 2) for a in doc["audits"]}
+    assert ratios == {"kvaudit_testplugin:one_buffer_per_tensor": 1.0, "kvaudit_testplugin:doubled": 2.0}
+    assert doc["skipped"] == [] and code == 1
