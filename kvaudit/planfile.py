@@ -99,8 +99,7 @@ def vllm_objects(plan: KVPlan, who: str) -> tuple[Any, Any]:
     plan read from a file, rebuilt with the vLLM here, which must be the vLLM that planned (else
     ``NotAuditable`` naming why: ``who`` would not be the planner's allocation)."""
     if plan.kv_cache_config is not None and plan.vllm_config is not None:
-        get = getattr(plan.vllm_config.cache_config, "get_resolved_kv_cache_layout", None)
-        return plan.kv_cache_config, get() if get else None
+        return plan.kv_cache_config, _layout(plan.vllm_config)
     from kvaudit.plan import load_vllm, vllm_version
 
     here = vllm_version()
@@ -136,14 +135,17 @@ def _deployment_dict(d: Deployment) -> dict:
     return {"model": _model_dict(d.model), **fields}
 
 
+def _layout(vllm_config: Any) -> Any:
+    """The KV-cache layout vLLM resolved for the plan (0.29+; ``None`` for older vLLM)."""
+    get = getattr(getattr(vllm_config, "cache_config", None), "get_resolved_kv_cache_layout", None)
+    return get() if get is not None else None
+
+
 def _plan_dict(plan: KVPlan) -> dict:
     out = {**plan.to_dict(), "layer_specs": dict(plan.layer_specs)}
     if plan.kv_cache_config is not None:
-        layout = None
-        get = getattr(getattr(plan.vllm_config, "cache_config", None), "get_resolved_kv_cache_layout", None)
-        if get is not None:
-            layout = get()
-        out["vllm_objects"] = {"kv_cache_config": encode(plan.kv_cache_config), "kv_cache_layout": encode(layout)}
+        out["vllm_objects"] = {"kv_cache_config": encode(plan.kv_cache_config),
+                               "kv_cache_layout": encode(_layout(plan.vllm_config))}
     elif plan.saved_vllm is not None:
         out["vllm_objects"] = plan.saved_vllm
     return out
