@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 from kvaudit.audit import dry_run
 from kvaudit.capacity import capacity, highest_safe_utilization
 from kvaudit.cli import main
 from kvaudit.plan import build_plan, load_vllm
 from kvaudit.strategies import STRATEGIES
-from conftest import deployment
+from conftest import VLLM_VERSION, deployment
 
 
 def test_capacity_is_vllms_own_figure():
@@ -78,6 +79,19 @@ def test_plan_command_json_shows_every_pipeline_stage(capsys):
     assert [s["deployment"]["pipeline_parallel_rank"] for s in out["stages"]] == [0, 1]
     first = out["stages"][0]["plans"][0]
     assert first["capacity"]["tokens"] > 0 and out["stages"][0]["highest_safe_utilization"] == {"vllm": 1.0}
+    assert out["schema_version"] == 1 and out["vllm_version"] == VLLM_VERSION and out["kvaudit_version"]
+    assert first["strategies"] == ["vllm"] and first["platform"] == "cuda"
+
+
+def test_plan_command_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code = main(["plan", "--preset", "qwen3-next", "--util", "0.7", "-s", "vllm", "-s", "ascend-0.11"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"plans by vLLM {VLLM_VERSION} · nothing allocated" in out
+    assert "Qwen3-Next-80B-A3B-Instruct (Qwen3NextForCausalLM) · TP 4 · bfloat16" in out
+    assert "KV budget 3.45 GiB (3,709,703,296 B)" in out
+    assert re.search(r"cuda\s+│ vllm\s+│\s+\d+ │", out) and re.search(r"ascend-align128 │ ascend-0.11 │\s+384 │", out)
+    assert "highest gpu_memory_utilization that does not run out of device memory: vllm 1.000, ascend-0.11 0.732" in out
 
 
 def test_audit_over_pipeline_stages(capsys):
@@ -88,3 +102,5 @@ def test_audit_over_pipeline_stages(capsys):
     layers = [set(s["plan"]["groups"][0]["layers"]) for s in out["stages"]]
     assert not layers[0] & layers[1] and len(layers[0] | layers[1]) == 32
     assert all(s["capacity"]["cuda"]["tokens"] > 0 for s in out["stages"])
+    assert out["schema_version"] == 1 and out["kvaudit_version"] and out["exit_code"] == 0
+    assert [s["exit_code"] for s in out["stages"]] == [0, 0]

@@ -185,3 +185,12 @@ def test_cpu_measures_what_the_dispatcher_never_sees():
         del kept
     assert readings["cpu"].allocated >= n and readings["cpu"].peak >= n
     assert readings["meta"].allocated == 0
+
+
+def test_meter_table_lists_every_meter_with_its_reason(monkeypatch):
+    install_fake_torch_npu(monkeypatch, FakeAllocatorBackend())
+    rows = {name: (ok, text) for name, ok, text in meters.meter_table()}
+    assert list(rows) == ["npu", "cuda", "cpu", "meta"]
+    assert rows["npu"] == (True, "npu: Ascend910B4 (fake) #0, 68,719,476,736 B total, allocator counters")
+    assert rows["cuda"][0] is torch.cuda.is_available()
+    assert rows["meta"][0] is True and rows["cpu"][0] is True

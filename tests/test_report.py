@@ -106,3 +106,28 @@ def test_meta_pass_never_reads_as_a_device_pass(rep):
     one = Report(rep.deployment, rep.audits[:1], "meta", "meta", "x")
     assert re.search(r"meta.*not a device measurement", report.summary_line(one))
     assert "no device measured" in report.meter_label("meta")
+
+
+def test_stages_json_holds_each_stage_report_and_the_worst_exit_code(rep):
+    passing = Report(rep.deployment, tuple(r for r in rep.audits if r.verdict.value == "PASS"), "meta",
+                     "meta: accounting", "0.33.0")
+    text = report.stages_to_json([passing, rep])
+    doc = json.loads(text)
+    assert text.startswith('{\n  "schema_version": 1,')
+    assert doc["schema_version"] == 1 and doc["kvaudit_version"] == report.__version__
+    assert [s["exit_code"] for s in doc["stages"]] == [0, 1] and doc["exit_code"] == 1
+    for stage in doc["stages"]:
+        jsonschema.validate(stage, SCHEMA)
+
+
+def test_plan_json_names_the_planning_vllm():
+    from kvaudit.capacity import plan_stage
+
+    stage = plan_stage(deployment(), [STRATEGIES["ascend-0.16"]])
+    text = report.plan_to_json([stage], "9.9.9")
+    doc = json.loads(text)
+    assert text.startswith('{\n  "schema_version": 1,')
+    assert doc["vllm_version"] == "9.9.9" and doc["kvaudit_version"] == report.__version__
+    (st,) = doc["stages"]
+    assert [p["platform"] for p in st["plans"]] == ["ascend-contiguous"] and st["not_planned"] == {}
+    assert st["highest_safe_utilization"] == {"ascend-0.16": 1.0}
