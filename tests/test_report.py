@@ -32,7 +32,13 @@ def _golden(name: str, text: str, update: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"missing {path}: run pytest --update-golden"
-    assert text == path.read_text(), f"{name} differs from the golden file; if intended, run pytest --update-golden"
+    want = path.read_text()
+    first = next((i for i, (a, b) in enumerate(zip(text.splitlines(), want.splitlines())) if a != b),
+                 min(len(text.splitlines()), len(want.splitlines())))
+    same = text == want  # compared apart from the assert: pytest's diff of two long tables takes a minute
+    assert same, (f"{name} differs from the golden file from line {first + 1}: "
+                  f"{(text.splitlines()[first:first + 1] or ['<end>'])[0]!r} instead of "
+                  f"{(want.splitlines()[first:first + 1] or ['<end>'])[0]!r}; if intended, run pytest --update-golden")
 
 
 def test_golden_table_at_width_120(monkeypatch, capsys, update_golden):
