@@ -49,8 +49,11 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         t0 = time.perf_counter()
+        # one intra-op thread: mutmut forks its workers from a process that ran the tests, and torch's
+        # OpenMP pool does not survive a fork (workers hang until the timeout)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         p = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(a.jobs)], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         print(f"mutmut run: exit {p.returncode} in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
     total: collections.Counter = collections.Counter()
     print(f"{'module':16} {'mutants':>8} {'killed':>7} {'timeout/crash':>14} {'survived':>9} {'no tests':>9} "

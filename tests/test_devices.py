@@ -47,7 +47,16 @@ def test_out_of_memory_is_a_finding_and_the_others_still_run(npu):
     assert o.allocated_before_bytes == sum(dry.sizes[:o.allocation - 1])
     assert o.request_bytes is not None and o.free_bytes is not None and o.needed_more_bytes > 0
     assert o.message.startswith("NPU out of memory. Tried to allocate")
-    assert "ran out of memory on the npu meter at allocation" in bad.reasons[0]
+    # the figures of torch_npu's message: the 24 MiB buffer is a 26 MiB segment (32 B pad), 18 MiB were free
+    assert (o.allocation, o.request_bytes, o.segment_bytes, o.free_bytes) == (48, 24 << 20, 26 << 20, 18 << 20)
+    assert o.needed_more_bytes == 8 << 20 and o.allocated_before_bytes == 912 << 20
+    assert bad.reasons[0] == (
+        "ran out of memory on the npu meter at allocation 48 of 60: 24.00 MiB (a 26.00 MiB segment for the caching "
+        "allocator) for tensor 9 (model.layers.38.linear_attn), with 912.00 MiB already allocated; it needed 8.00 MiB "
+        "more than the 18.00 MiB free (the allocator said: NPU out of memory. Tried to allocate 26.00 MiB (NPU 0; "
+        "1024.00 MiB total capacity; 912.02 MiB already allocated; 912.02 MiB current active; 18.00 MiB free; "
+        "1006.00 MiB reserved in total by PyTorch).If reserved memory is >> allocated memory try setting "
+        "max_split_size_mb to avoid fragmentation.)")
     assert bad.leaked_bytes == 0 and bad.layers == ()
     # memory released, and the strategies after it were audited as usual
     assert fake.memory_allocated() == 0

@@ -137,3 +137,20 @@ def test_plan_json_names_the_planning_vllm():
     (st,) = doc["stages"]
     assert [p["platform"] for p in st["plans"]] == ["ascend-contiguous"] and st["not_planned"] == {}
     assert st["highest_safe_utilization"] == {"ascend-0.16": 1.0}
+
+
+def test_every_meter_is_labelled_for_what_it_measured():
+    assert {m: report.meter_label(m) for m in ("meta", "cpu", "cuda", "npu", "other")} == {
+        "meta": "meta (accounting of the storages requested; no memory allocated, no device measured)",
+        "cpu": "cpu (real host allocations counted by torch.profiler; not a device measurement)",
+        "cuda": "cuda (torch.cuda caching-allocator counters)",
+        "npu": "npu (torch_npu caching-allocator counters)",
+        "other": "other"}
+
+
+def test_summary_line_of_a_device_run_and_of_skipped_strategies(rep):
+    device = Report(rep.deployment, rep.audits, "npu", "npu: Ascend910B4 #0", "0.33.0",
+                    skipped=(("vllm", "needs vLLM"),))
+    line = report.summary_line(device)
+    assert line == ("kvaudit: FAIL: 2 of 4 strategies do not allocate what vLLM planned (ascend-0.11 4.00×, "
+                    "ascend-0.12 2.00×); meter npu; planned by vLLM 0.33.0; 1 not audited (vllm: the report says why)")
