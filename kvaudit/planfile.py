@@ -100,6 +100,8 @@ def vllm_objects(plan: KVPlan, who: str) -> tuple[Any, Any]:
     ``NotAuditable`` naming why: ``who`` would not be the planner's allocation)."""
     if plan.kv_cache_config is not None and plan.vllm_config is not None:
         return plan.kv_cache_config, _layout(plan.vllm_config)
+    if plan.kv_cache_config is not None:  # rebuilt before (the strategy's prepare): not again
+        return plan.kv_cache_config, decode(plan.saved_vllm.get("kv_cache_layout"))
     from kvaudit.plan import load_vllm, vllm_version
 
     here = vllm_version()

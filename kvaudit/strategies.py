@@ -76,13 +76,11 @@ def allocate_vllm(plan: KVPlan, device: Any, kv_transfer: bool = False) -> RawTe
 
 
 def _vllm_objects(plan: KVPlan) -> tuple[Any, Any]:
-    """vLLM's ``KVCacheConfig`` and layout for ``allocate_kv_cache``: live, or rebuilt from a saved plan."""
-    from kvaudit.plan import load_vllm
+    """vLLM's ``KVCacheConfig`` and layout for ``allocate_kv_cache``: live, or rebuilt from a saved plan
+    (which imports vLLM)."""
     from kvaudit.planfile import vllm_objects
 
-    objects = vllm_objects(plan, "the vllm strategy (vLLM's allocate_kv_cache)")
-    load_vllm()
-    return objects
+    return vllm_objects(plan, "the vllm strategy (vLLM's allocate_kv_cache)")
 
 
 def _prepare_vllm(plan: KVPlan) -> None:
