@@ -1,16 +1,22 @@
-"""The ``kvaudit`` command: parse options, call the core, render, map errors to exit codes.
+"""The ``kvaudit`` command on typer and rich: options, commands, rendering, errors mapped to exit codes.
 
 Exit codes: 0 every audited strategy passed, 1 any failed, 2 bad input, 3 could not measure.
 Neither torch nor vLLM is imported until a command needs them (``kvaudit --help`` stays fast).
+Every option is declared once (``Opt``) and shared by the commands that take it; each command body
+reads the parsed options as one namespace, so commands keep the same names as vLLM's flags.
 """
 
 from __future__ import annotations
 
-import argparse
+import inspect
 import os
 import sys
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NoReturn
+from types import SimpleNamespace
+from typing import Annotated, Any, Callable, Optional
+
+import typer
 
 from kvaudit import __version__
 from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, PRESETS
@@ -32,6 +38,13 @@ class Format(str, Enum):
     json = "json"
 
 
+class TriageFormat(str, Enum):
+    """Output formats of ``kvaudit triage``."""
+
+    markdown = "markdown"
+    json = "json"
+
+
 class Detail(str, Enum):
     """How much of each strategy's audit the table shows."""
 
@@ -40,133 +53,118 @@ class Detail(str, Enum):
     layers = "layers"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ``UsageError`` (one line, exit 2) instead of printing usage and exiting."""
+@dataclass(frozen=True)
+class Opt:
+    """One command-line option, declared once and shared by every command that takes it."""
 
-    def error(self, message: str) -> NoReturn:  # noqa: D102
-        raise UsageError(message)
+    name: str
+    """The attribute the command body reads (``a.util``)."""
+    type: Any
+    default: Any
+    decls: tuple[str, ...]
+    help: str
+    panel: str = "Options"
+    argument: bool = False
+    """A positional argument rather than an option."""
 
-
-def _audit_options(p: argparse.ArgumentParser) -> None:
-    _deployment_options(p)
-    p.add_argument("--strategy", "-s", action="append", default=[],
-                   help="vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, "
-                        "vllm-ascend==VERSION, vllm-ascend=PATH (a source checkout), module:function, or a "
-                        "kvaudit.strategies entry point; repeatable")
-    p.add_argument("--meter", default="auto", help="auto (npu, then cuda, then meta), npu, cuda, cpu or meta")
-    p.add_argument("--device-index", type=int, default=0, help="which npu/cuda device the meter uses")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help=f"relative tolerance on the planned bytes ({DEFAULT_TOLERANCE})")
-    p.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
-                   help="table, or json (stdout holds only the JSON)")
-    p.add_argument("--detail", choices=[d.value for d in Detail], default="layers",
-                   help="table detail: summary, groups, layers (default)")
-
-
-def _deployment_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vllm-python", metavar="PYTHON",
-                   help="plan (and audit) with the vLLM of another environment: its python, with torch, vLLM "
-                        "and rich installed (e.g. the vLLM a vllm-ascend release pins); kvaudit runs there")
-    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int,
-                   help="tensor-parallel size (the preset's, else 1)")
-    p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1,
-                   help="pipeline-parallel size: each stage is planned and budgeted on its own (default 1)")
-    p.add_argument("--pp-rank", type=int, help="audit this pipeline stage only (default: every stage)")
-    p.add_argument("--max-model-len", type=int,
-                   help="the preset's, else vLLM's default for the config (its own length check applies)")
-    p.add_argument("--dtype", default="auto", help="auto (vLLM's rule: float32 configs run in 16 bits), bfloat16, "
-                                                   "float16 or float32")
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype), fp8, fp8_e4m3, fp8_e5m2, ...")
-    p.add_argument("--quantization", "-q", help="vLLM's --quantization (default: the config's quantization_config)")
-    p.add_argument("--block-size", type=int, help="vLLM's --block-size (platform rules may raise it for hybrids)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="vLLM's prefix caching switch (default: vLLM's)")
-    p.add_argument("--mamba-cache-mode", help="none, align or all (default: vLLM's for the prefix-caching setting)")
-    p.add_argument("--max-num-seqs", type=int, help="vLLM's --max-num-seqs (Mamba state slots are checked against it)")
-    p.add_argument("--num-speculative-tokens", type=int, default=0,
-                   help="MTP draft tokens: the draft model's layers get KV cache too (default 0)")
-    p.add_argument("--hf-overrides", help="JSON object merged into the config, as vLLM's --hf-overrides")
-    p.add_argument("--util", "--gpu-memory-utilization", dest="util", type=float, default=0.9,
-                   help="gpu_memory_utilization, in (0, 1] (default 0.9, as vLLM)")
-    p.add_argument("--device", help=f"device preset for the memory size ({', '.join(DEVICES)})")
-    p.add_argument("--device-memory", help="device memory, e.g. 80GiB (overrides --device)")
-    p.add_argument("--weights", help="weights per rank (default: computed from the config)")
-    p.add_argument("--overhead", default=str(DEFAULT_OVERHEAD_BYTES),
-                   help="other non-KV memory per rank: activations, non-torch (default 2GiB)")
-    p.add_argument("--kv-cache-memory", help="the KV budget itself, as vLLM's flag (skips the utilization formula)")
-    p.add_argument("--num-blocks", type=int, help="override num_blocks (vLLM's num_gpu_blocks_override): a scaled plan")
-    p.add_argument("--kv-transfer", action="store_true",
-                   help="a KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers")
+    def parameter(self) -> inspect.Parameter:
+        """The typed parameter typer builds the option from."""
+        info = (typer.Argument(help=self.help, show_default=False) if self.argument else
+                typer.Option(*self.decls, help=self.help, rich_help_panel=self.panel,
+                             show_default=self.default not in (None, False, [])))
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
+                                 annotation=Annotated[self.type, info])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser: ``audit``, one shortcut per preset, and ``meters``."""
-    parser = _Parser(prog="kvaudit", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"kvaudit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    audit = sub.add_parser("audit", help="audit a config.json (--config) or a preset (--preset)",
-                           description="Audit the KV-cache allocation of a model config under each strategy.")
-    audit.add_argument("--config", help="a config.json, or a model directory holding one")
-    audit.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
-    audit.add_argument("--plan", metavar="PLAN.json",
-                       help="audit a plan saved by 'kvaudit plan --save' instead of planning: needs only torch, not "
-                            "vLLM (plan on one machine, measure on another)")
-    _audit_options(audit)
-    for name, preset in PRESETS.items():
-        p = sub.add_parser(name, help=f"audit {preset.title} ({preset.description})",
-                           description=f"Audit {preset.title}: TP {preset.tp}, max-model-len "
-                                       f"{preset.max_model_len}, {preset.device}, unless options say otherwise.")
-        _audit_options(p)
-        p.set_defaults(preset=name, config=None)
-    tri = sub.add_parser("triage", help="from a pasted OOM report to a root-cause report",
-                         description="Read a pasted vLLM / vllm-ascend report (logs, traceback, smi tables, versions), "
-                                     "reconstruct the deployment, audit the reported release's allocator and the fixed "
-                                     "one, and write a report to paste into the issue.")
-    tri.add_argument("report", help="the report: a file, or - for stdin")
-    tri.add_argument("--config", help="the model's config.json, when no shipped preset matches the model")
-    tri.add_argument("--title", help="the issue's title (versions and models are often only there); a first line "
-                                     "that reads like one ([Bug]: ...) is taken as the title")
-    tri.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                     help=f"relative tolerance on the planned bytes, as for audit ({DEFAULT_TOLERANCE})")
-    tri.add_argument("--format", dest="fmt", choices=["markdown", "json"], default="markdown",
-                     help="markdown (default) or json")
-    plan = sub.add_parser(
-        "plan", help="plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util",
-        description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and concurrency "
-                    "as vLLM computes and logs them, Mamba slots against max_num_seqs, the --kv-cache-memory "
-                    "that reproduces the plan, and per strategy the highest gpu_memory_utilization that does "
-                    "not run out of device memory.")
-    plan.add_argument("--config", help="a config.json, or a model directory holding one")
-    plan.add_argument("--preset", help=f"a shipped model: {', '.join(PRESETS)}")
-    plan.add_argument("--save", metavar="PLAN.json",
-                      help="also write the plans as data (deployment, groups, specs, tensors and their layers, "
-                           "num_blocks, capacity, the vLLM that planned) for 'kvaudit audit --plan'")
-    _audit_options(plan)
-    hist = sub.add_parser(
-        "history", help="audit every published vllm-ascend release's own code on one model: where it changed",
-        description="Audit every published vllm-ascend release's own KV-cache allocation code (from its sdist, "
-                    "fetched once into the cache) on one deployment, in one process, on the meta meter: one row "
-                    "per release with its ratio, storages and verdict, and the release where the ratio changed "
-                    "with the pull request behind it where known.")
-    hist.add_argument("model", help=f"a shipped model ({', '.join(PRESETS)}) or a config.json path")
-    hist.add_argument("--since", help="the first release to audit (default: every published one)")
-    _deployment_options(hist)
-    hist.add_argument("--format", dest="fmt", choices=[f.value for f in Format], default="table",
-                      help="table, or json (stdout holds only the JSON)")
-    models = sub.add_parser(
-        "models", help="list the shipped presets with their layer mix (as vLLM's model code builds it)",
-        description="List the presets: title, architecture, layer mix per kind, deployment, config.")
-    models.add_argument("names", nargs="*", help="only these presets")
-    sub.add_parser("meters", help="list every meter with its availability here or the reason it is not",
-                   description="List every meter with its availability here, or the reason it is unavailable."
-                   ).add_argument("--device-index", type=int, default=0, help="which npu/cuda device to probe")
-    return parser
+MODEL, DEPLOY, AUDIT, OUTPUT = "Model", "Deployment (vLLM's flags)", "Audit", "Output"
+
+DEPLOYMENT_OPTIONS = (
+    Opt("vllm_python", Optional[str], None, ("--vllm-python",),
+        "Plan (and audit) with the vLLM of another environment: its python, with torch, vLLM and rich installed "
+        "(e.g. the vLLM a vllm-ascend release pins); kvaudit runs there.", DEPLOY),
+    Opt("tp", Optional[int], None, ("--tp", "--tensor-parallel-size"), "Tensor-parallel size (the preset's, else 1).",
+        DEPLOY),
+    Opt("pp", int, 1, ("--pp", "--pipeline-parallel-size"),
+        "Pipeline-parallel size: each stage is planned and budgeted on its own.", DEPLOY),
+    Opt("pp_rank", Optional[int], None, ("--pp-rank",), "Audit this pipeline stage only (default: every stage).",
+        DEPLOY),
+    Opt("max_model_len", Optional[int], None, ("--max-model-len",),
+        "The preset's, else vLLM's default for the config (its own length check applies).", DEPLOY),
+    Opt("dtype", str, "auto", ("--dtype",),
+        "auto (vLLM's rule: float32 configs run in 16 bits), bfloat16, float16 or float32.", DEPLOY),
+    Opt("kv_cache_dtype", str, "auto", ("--kv-cache-dtype",), "auto (the model dtype), fp8, fp8_e4m3, fp8_e5m2, ...",
+        DEPLOY),
+    Opt("quantization", Optional[str], None, ("--quantization", "-q"),
+        "vLLM's --quantization (default: the config's quantization_config).", DEPLOY),
+    Opt("block_size", Optional[int], None, ("--block-size",),
+        "vLLM's --block-size (platform rules may raise it for hybrids).", DEPLOY),
+    Opt("enable_prefix_caching", Optional[bool], None, ("--enable-prefix-caching/--no-enable-prefix-caching",),
+        "vLLM's prefix caching switch (default: vLLM's).", DEPLOY),
+    Opt("mamba_cache_mode", Optional[str], None, ("--mamba-cache-mode",),
+        "none, align or all (default: vLLM's for the prefix-caching setting).", DEPLOY),
+    Opt("max_num_seqs", Optional[int], None, ("--max-num-seqs",),
+        "vLLM's --max-num-seqs (Mamba state slots are checked against it).", DEPLOY),
+    Opt("num_speculative_tokens", int, 0, ("--num-speculative-tokens",),
+        "MTP draft tokens: the draft model's layers get KV cache too.", DEPLOY),
+    Opt("hf_overrides", Optional[str], None, ("--hf-overrides",),
+        "JSON object merged into the config, as vLLM's --hf-overrides.", DEPLOY),
+    Opt("util", float, 0.9, ("--util", "--gpu-memory-utilization"), "gpu_memory_utilization, in (0, 1] (as vLLM).",
+        DEPLOY),
+    Opt("device", Optional[str], None, ("--device",), f"Device preset for the memory size ({', '.join(DEVICES)}).",
+        DEPLOY),
+    Opt("device_memory", Optional[str], None, ("--device-memory",), "Device memory, e.g. 80GiB (overrides --device).",
+        DEPLOY),
+    Opt("weights", Optional[str], None, ("--weights",), "Weights per rank (default: computed from the config).",
+        DEPLOY),
+    Opt("overhead", str, str(DEFAULT_OVERHEAD_BYTES), ("--overhead",),
+        "Other non-KV memory per rank: activations, non-torch (default 2GiB).", DEPLOY),
+    Opt("kv_cache_memory", Optional[str], None, ("--kv-cache-memory",),
+        "The KV budget itself, as vLLM's flag (skips the utilization formula).", DEPLOY),
+    Opt("num_blocks", Optional[int], None, ("--num-blocks",),
+        "Override num_blocks (vLLM's num_gpu_blocks_override): a scaled plan.", DEPLOY),
+    Opt("kv_transfer", bool, False, ("--kv-transfer",),
+        "A KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers.", DEPLOY),
+)
+
+STRATEGY = Opt("strategy", Optional[list[str]], None, ("--strategy", "-s"),
+               "vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, vllm-ascend==VERSION, "
+               "vllm-ascend=PATH (a source checkout), module:function, or a kvaudit.strategies entry point; "
+               "repeatable.", AUDIT)
+METER = Opt("meter", str, "auto", ("--meter",), "auto (npu, then cuda, then meta), npu, cuda, cpu or meta.", AUDIT)
+DEVICE_INDEX = Opt("device_index", int, 0, ("--device-index",), "Which npu/cuda device the meter uses.", AUDIT)
+TOLERANCE = Opt("tolerance", float, DEFAULT_TOLERANCE, ("--tolerance",),
+                "Relative tolerance on the planned bytes.", AUDIT)
+FORMAT = Opt("fmt", Format, Format.table, ("--format",), "table, or json (stdout holds only the JSON).", OUTPUT)
+DETAIL = Opt("detail", Detail, Detail.layers, ("--detail",), "Table detail: summary, groups, layers.", OUTPUT)
+HTML = Opt("html", Optional[str], None, ("--html",),
+           "Also write the report as an HTML page: expected vs allocated bars per strategy and group, the tables.",
+           OUTPUT)
+SVG = Opt("svg", Optional[str], None, ("--svg",), "Also write the report as one SVG image (bars and tables).", OUTPUT)
+CONFIG = Opt("config", Optional[str], None, ("--config",), "A config.json, or a model directory holding one.", MODEL)
+PRESET = Opt("preset", Optional[str], None, ("--preset",), f"A shipped model: {', '.join(PRESETS)}.", MODEL)
+
+AUDIT_OPTIONS = (*DEPLOYMENT_OPTIONS, STRATEGY, METER, DEVICE_INDEX, TOLERANCE, FORMAT, DETAIL, HTML, SVG)
 
 
-def audit_command(a: argparse.Namespace) -> int:
+def _command(app: typer.Typer, name: str, body: Callable[[Any], int], options: tuple[Opt, ...], help: str,
+             panel: str = "Commands", fixed: dict | None = None, description: str | None = None) -> None:
+    """Register ``body(namespace) -> exit code`` as command ``name`` taking ``options`` (``fixed``: values
+    the command sets itself, as a preset's name)."""
+
+    def command(**values: Any) -> int:
+        return body(SimpleNamespace(**(fixed or {}), **values))
+
+    command.__signature__ = inspect.Signature([o.parameter() for o in options])  # type: ignore[attr-defined]
+    command.__doc__ = description or help
+    command.__name__ = name.replace("-", "_").replace(".", "_")
+    app.command(name, help=description or help, short_help=help, rich_help_panel=panel)(command)
+
+
+def audit_command(a: Any) -> int:
     """Run the audit the options describe, render it, and return the exit code."""
     if not 0.0 <= a.tolerance < 1.0:
         raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    _check_outputs(a.html, a.svg)
     if getattr(a, "plan", None):
         return _saved_plan_audit(a)
     from kvaudit import audit as core
@@ -195,10 +193,11 @@ def audit_command(a: argparse.Namespace) -> int:
                               vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
                               safe_utilization=safe))
     _render(reports, Format(a.fmt), Detail(a.detail))
+    _write_pages(a, reports)
     return max(rep.exit_code for rep in reports)
 
 
-def _saved_plan_audit(a: argparse.Namespace) -> int:
+def _saved_plan_audit(a: Any) -> int:
     """``audit --plan PLAN.json``: the saved plans, audited with torch alone (vLLM is not imported unless
     a strategy needs vLLM's own code and the vLLM that planned is installed)."""
     from kvaudit import planfile
@@ -237,43 +236,33 @@ def _saved_plan_audit(a: argparse.Namespace) -> int:
                               meter_device=meter.describe(), vllm_version=saved.vllm_version,
                               skipped=tuple(skipped), capacity=caps, safe_utilization=safe))
     _render(reports, Format(a.fmt), Detail(a.detail))
+    _write_pages(a, reports)
     return max(rep.exit_code for rep in reports)
 
 
-def _deployment_options_given(a: argparse.Namespace) -> str | None:
+def _deployment_options_given(a: Any) -> str | None:
     """The first model or deployment option given with ``--plan`` (a saved plan fixes them all)."""
-    probe = _Parser(add_help=False)
-    _deployment_options(probe)
-    for action in probe._actions:
-        if action.dest in ("help", "vllm_python", "pp_rank"):
-            continue
-        if getattr(a, action.dest, action.default) != action.default:
-            return action.option_strings[0]
-    for flag, dest in (("--config", "config"), ("--preset", "preset")):
-        if getattr(a, dest, None) is not None:
-            return flag
+    for o in (CONFIG, PRESET, *DEPLOYMENT_OPTIONS):
+        if o.name not in ("vllm_python", "pp_rank") and getattr(a, o.name, o.default) != o.default:
+            return o.decls[0].split("/")[0]
     return None
 
 
-def _model(a: argparse.Namespace) -> tuple[Any, Any]:
+def _model(a: Any) -> tuple[Any, Any]:
     """The model spec and preset the options name."""
-    from kvaudit.deployment import get_preset, load_preset_spec
-    from kvaudit.spec import load_model_spec
+    from kvaudit.deployment import load_model
 
-    if (a.config is None) == (a.preset is None):
-        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
-    p = get_preset(a.preset) if a.preset else None
-    return (load_preset_spec(p) if p else load_model_spec(a.config)), p
+    return load_model(a.preset, a.config)
 
 
-def _pp_ranks(a: argparse.Namespace) -> list[int]:
+def _pp_ranks(a: Any) -> list[int]:
     """The pipeline stages to plan: the one ``--pp-rank`` names, else every stage."""
     if a.pp_rank is not None:
         return [a.pp_rank]
     return list(range(max(1, a.pp or 1)))
 
 
-def plan_command(a: argparse.Namespace) -> int:
+def plan_command(a: Any) -> int:
     """Plan only: capacity as vLLM computes it, and per strategy the highest safe utilization."""
     from kvaudit import report
     from kvaudit.capacity import plan_stage
@@ -281,6 +270,7 @@ def plan_command(a: argparse.Namespace) -> int:
     from kvaudit.resolve import resolve_strategy
     from kvaudit.strategies import STRATEGIES
 
+    _check_outputs(a.save)
     spec, p = _model(a)
     strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
     stages = [plan_stage(_deployment(a, spec, p, rank), strategies) for rank in _pp_ranks(a)]
@@ -301,39 +291,14 @@ def plan_command(a: argparse.Namespace) -> int:
     return 0
 
 
-def _deployment(a: argparse.Namespace, spec: Any, p: Any, pp_rank: int = 0) -> Any:
-    """The deployment the options describe, resolved by vLLM (``kvaudit.plan.make_deployment``)."""
-    import json
+def _deployment(a: Any, spec: Any, p: Any, pp_rank: int = 0) -> Any:
+    """The deployment the options describe, resolved by vLLM (``kvaudit.plan.deploy``)."""
+    from kvaudit.plan import deploy
 
-    from kvaudit.plan import make_deployment
-    from kvaudit.units import parse_size
-
-    def size(value: str | None, what: str) -> int | None:
-        return parse_size(value, what) if value is not None else None
-
-    overrides = None
-    if a.hf_overrides:
-        try:
-            overrides = json.loads(a.hf_overrides)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(overrides, dict):
-            raise UsageError("--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'")
-    return make_deployment(
-        spec, tp=a.tp if a.tp is not None else (p.tp if p else 1), gpu_memory_utilization=a.util,
-        max_model_len=a.max_model_len or (p.max_model_len if p else None),
-        device=a.device or (p.device if p else "atlas-a2-64g"),
-        device_memory_bytes=size(a.device_memory, "--device-memory"), dtype=a.dtype,
-        weights_bytes=size(a.weights, "--weights"),
-        overhead_bytes=parse_size(a.overhead, "--overhead", allow_zero=True),
-        kv_cache_memory_bytes=size(a.kv_cache_memory, "--kv-cache-memory"),
-        kv_transfer=a.kv_transfer, num_blocks_override=a.num_blocks, pp=a.pp, pp_rank=pp_rank,
-        kv_cache_dtype=a.kv_cache_dtype, quantization=a.quantization, block_size=a.block_size,
-        enable_prefix_caching=a.enable_prefix_caching, mamba_cache_mode=a.mamba_cache_mode,
-        max_num_seqs=a.max_num_seqs, num_speculative_tokens=a.num_speculative_tokens, hf_overrides=overrides)
+    return deploy(spec, p, vars(a), pp_rank)
 
 
-def models_command(a: argparse.Namespace) -> int:
+def models_command(a: Any) -> int:
     """List the presets with the layer mix vLLM's own model code registers for each."""
     from kvaudit.deployment import load_preset_spec
     from kvaudit.plan import layer_mix, make_deployment
@@ -351,7 +316,7 @@ def models_command(a: argparse.Namespace) -> int:
     return 0
 
 
-def triage_command(a: argparse.Namespace) -> int:
+def triage_command(a: Any) -> int:
     """Triage a pasted report; the report goes to stdout, the verdict line to stderr."""
     from kvaudit.evidence import read_report
     from kvaudit.triage import triage
@@ -368,7 +333,7 @@ def triage_command(a: argparse.Namespace) -> int:
     return 0
 
 
-def history_command(a: argparse.Namespace) -> int:
+def history_command(a: Any) -> int:
     """Every published vllm-ascend release's own allocation code on one deployment; table or JSON."""
     import json
 
@@ -402,7 +367,49 @@ def history_command(a: argparse.Namespace) -> int:
         0 if audited else 3)
 
 
-def meters_command(a: argparse.Namespace) -> int:
+def check_command(a: Any) -> int:
+    """``kvaudit check``: the policy's matrix, rendered, with JUnit / JSON / pages as asked."""
+    from kvaudit import check
+    from kvaudit.policy import load_policy
+    from kvaudit.strategies import STRATEGIES
+
+    _check_outputs(a.junit, a.html, a.svg)
+    policy = load_policy(a.policy, {o.name: o.type for o in DEPLOYMENT_OPTIONS if o.name != "vllm_python"},
+                         tuple(STRATEGIES))
+    result = check.run_policy(policy, meter=a.meter, device_index=a.device_index, progress=check.progress_to_stderr())
+    if Format(a.fmt) is Format.json:
+        sys.stdout.write(check.to_json(result) + "\n")
+    else:
+        console = _console()
+        for renderable in check.render(result):
+            console.print(renderable)
+    sys.stdout.flush()
+    if a.junit:
+        _write(a.junit, check.to_junit(result))
+    _write_pages(a, list(result.reports))
+    _note(check.summary_line(result))
+    return result.exit_code
+
+
+def compare_command(a: Any) -> int:
+    """``kvaudit compare OLD.json NEW.json``: per group and layer deltas; exit 1 on a regression."""
+    from kvaudit import compare
+
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    result = compare.compare(compare.load_report(a.old), compare.load_report(a.new), a.tolerance)
+    if Format(a.fmt) is Format.json:
+        sys.stdout.write(compare.to_json(result) + "\n")
+    else:
+        console = _console()
+        for renderable in compare.render(result, Detail(a.detail).value):
+            console.print(renderable)
+    sys.stdout.flush()
+    _note(compare.summary_line(result))
+    return result.exit_code
+
+
+def meters_command(a: Any) -> int:
     """Print every meter with its availability or refusal reason."""
     from kvaudit.meters import meter_table
 
@@ -437,6 +444,163 @@ def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
     sys.stdout.flush()
     for rep in reports:
         _note(report.summary_line(rep))
+
+
+
+def _write_pages(a: Any, reports: list[Any]) -> None:
+    """``--html`` / ``--svg``: the report as a page and as an image, for a person without a terminal."""
+    if not (a.html or a.svg):
+        return
+    from kvaudit import page
+
+    for path, text in ((a.html, page.to_html(reports) if a.html else ""),
+                       (a.svg, page.to_svg(reports) if a.svg else "")):
+        if path:
+            _write(path, text)
+
+
+def _check_outputs(*paths: str | None) -> None:
+    """Refuse, before any work, an output file that cannot be written (its folder does not exist)."""
+    from pathlib import Path
+
+    for path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise UsageError(f"{path} is a directory, not a file to write")
+        if not p.parent.is_dir():
+            raise UsageError(f"cannot write {path}: folder {p.parent} does not exist")
+
+
+def _write(path: str, text: str) -> None:
+    """Write an output file; a failure is one line, exit 2."""
+    from pathlib import Path
+
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    _note(f"kvaudit: wrote {path}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"kvaudit {__version__}")
+        raise typer.Exit()
+
+
+COMMANDS = ("audit", "plan", "check", "compare", "models", "triage", "history", "meters")
+
+
+def build_app() -> typer.Typer:
+    """The typer application: the commands, one shortcut per preset, shell completion."""
+    app = typer.Typer(name="kvaudit", help=DESCRIPTION, add_completion=True, rich_markup_mode="rich",
+                      context_settings={"help_option_names": ["--help", "-h"]}, pretty_exceptions_enable=False)
+
+    @app.callback()
+    def root(version: Annotated[bool, typer.Option("--version", help="Print kvaudit's version and exit.",
+                                                   is_eager=True, callback=_version)] = False) -> None:
+        """Audit a KV-cache allocator against vLLM's own plan."""
+
+    plan_file = Opt("plan", Optional[str], None, ("--plan",),
+                    "Audit a plan saved by 'kvaudit plan --save' instead of planning: needs only torch, not vLLM "
+                    "(plan on one machine, measure on another).", MODEL)
+    _command(app, "audit", audit_command, (CONFIG, PRESET, plan_file, *AUDIT_OPTIONS),
+             "Audit a config.json (--config) or a preset (--preset).",
+             description="Audit the KV-cache allocation of a model config under each strategy.")
+    for name, preset in PRESETS.items():
+        _command(app, name, audit_command, AUDIT_OPTIONS, f"{preset.title} ({preset.description}).", panel="Presets",
+                 fixed={"preset": name, "config": None, "plan": None},
+                 description=f"Audit {preset.title}: TP {preset.tp}, max-model-len {preset.max_model_len}, "
+                             f"{preset.device}, unless options say otherwise.")
+    save = Opt("save", Optional[str], None, ("--save",),
+               "Also write the plans as data (deployment, groups, specs, tensors and their layers, num_blocks, "
+               "capacity, the vLLM that planned) for 'kvaudit audit --plan'.", OUTPUT)
+    _command(app, "plan", plan_command, (CONFIG, PRESET, save, *AUDIT_OPTIONS[:-2]),
+             "Plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util.",
+             description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and concurrency "
+                         "as vLLM computes and logs them, Mamba slots against max_num_seqs, the --kv-cache-memory "
+                         "that reproduces the plan, and per strategy the highest gpu_memory_utilization that does "
+                         "not run out of device memory.")
+    policy = Opt("policy", str, "kvaudit.toml", (), "The policy file (default kvaudit.toml).", argument=True)
+    junit = Opt("junit", Optional[str], None, ("--junit",),
+                "Also write JUnit XML: one test case per cell, failures carrying the reasons.", OUTPUT)
+    only = Opt("meter", Optional[str], None, ("--meter",), "Override the policy's meter for every cell.", AUDIT)
+    _command(app, "check", check_command, (policy, only, DEVICE_INDEX, FORMAT, junit, HTML, SVG),
+             "Run a policy file's matrix of models, deployments and strategies: a CI gate.",
+             description="Run the matrix a policy file describes (models or config paths × TP × PP × "
+                         "utilization × kv-cache dtype × strategies, on one meter, with a tolerance and the expected "
+                         "outcome of each cell) in one process. Exit 0 every cell as expected, 1 any cell not, "
+                         "2 a bad policy or a deployment vLLM refuses, 3 a cell could not be measured.")
+    old = Opt("old", str, ..., (), "The earlier report (kvaudit audit --format json).", argument=True)
+    new = Opt("new", str, ..., (), "The later report.", argument=True)
+    _command(app, "compare", compare_command, (old, new, TOLERANCE, FORMAT, DETAIL),
+             "Diff two saved JSON reports per group and layer; exit 1 on a regression.",
+             description="Compare two saved reports (two vLLM or vllm-ascend versions, two platforms, with and "
+                         "without KV transfer): per strategy, group and layer, bytes and ratio deltas. Exit 1 on a "
+                         "regression beyond the tolerance.")
+    _command(app, "triage", triage_command, (
+        Opt("report", str, ..., (), "The report: a file, or - for stdin.", argument=True),
+        Opt("config", Optional[str], None, ("--config",),
+            "The model's config.json, when no shipped preset matches the model.", MODEL),
+        Opt("title", Optional[str], None, ("--title",),
+            "The issue's title (versions and models are often only there); a first line that reads like one "
+            "([Bug]: ...) is taken as the title."),
+        TOLERANCE, Opt("fmt", TriageFormat, TriageFormat.markdown, ("--format",), "markdown or json.", OUTPUT)),
+        "From a pasted OOM report to a root-cause report.",
+        description="Read a pasted vLLM / vllm-ascend report (logs, traceback, smi tables, versions), reconstruct "
+                    "the deployment, audit the reported release's allocator and the fixed one, and write a report "
+                    "to paste into the issue.")
+    _command(app, "history", history_command, (
+        Opt("model", str, ..., (), f"A shipped model ({', '.join(PRESETS)}) or a config.json path.", argument=True),
+        Opt("since", Optional[str], None, ("--since",), "The first release to audit (default: every published one)."),
+        *DEPLOYMENT_OPTIONS, FORMAT),
+        "Audit every published vllm-ascend release's own code on one model: where it changed.",
+        description="Audit every published vllm-ascend release's own KV-cache allocation code (from its sdist, "
+                    "fetched once into the cache) on one deployment, in one process, on the meta meter: one row "
+                    "per release with its ratio, storages and verdict, and the release where the ratio changed "
+                    "with the pull request behind it where known.")
+    _command(app, "models", models_command,
+             (Opt("names", Optional[list[str]], None, (), "Only these presets.", argument=True),),
+             "List the shipped presets with their layer mix (as vLLM's model code builds it).",
+             description="List the presets: title, architecture, layer mix per kind, deployment, config.")
+    _command(app, "meters", meters_command, (Opt("device_index", int, 0, ("--device-index",),
+                                                  "Which npu/cuda device to probe."),),
+             "List every meter with its availability here or the reason it is not.")
+    return app
+
+
+def _click_exceptions() -> Any:
+    """The click exceptions typer raises: its vendored click (typer 0.2x+), else click itself."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # typer releases that depend on click
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
+def _invoke(argv: list[str]) -> int:
+    """Parse ``argv`` with typer and run the command; click's usage errors become one-line ``UsageError``."""
+    ex = _click_exceptions()
+    command = typer.main.get_command(build_app())
+    try:
+        code = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
+    except ex.UsageError as e:  # click's usage errors: several lines with the usage; here one, naming the command
+        where = e.ctx.command_path.partition(" ")[2] if e.ctx is not None else ""
+        raise UsageError((f"{where}: " if where else "") + e.format_message()) from None
+    except ex.ClickException as e:
+        raise UsageError(e.format_message()) from None
+    except typer.Abort:
+        raise KeyboardInterrupt from None
+    return code if isinstance(code, int) else 0
+
+
+def _print_help_to_stderr() -> None:
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):
+        _invoke(["--help"])
 
 
 def _elsewhere(argv: list[str]) -> int | None:
@@ -477,26 +641,18 @@ def _elsewhere(argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    commands = {"audit", "meters", "models", "plan", "triage", "history", *PRESETS}
     try:
         code = _elsewhere(argv or [])
         if code is not None:
             return code
         if not argv:
-            parser.print_help(sys.stderr)
+            _print_help_to_stderr()
             return EXIT_BAD_INPUT
         first = argv[0]
-        if not first.startswith("-") and first not in commands:
+        if not first.startswith("-") and first not in (*COMMANDS, *PRESETS):
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: audit, plan, models, triage, history, meters)")
-        args = parser.parse_args(argv)
-        if args.command is None:
-            raise UsageError("give a command: audit, meters, or a preset (" + ", ".join(PRESETS) + ")")
-        run = {"meters": meters_command, "models": models_command, "plan": plan_command,
-               "triage": triage_command, "history": history_command}.get(
-            args.command, audit_command)
-        return run(args)
+                             f"commands: {', '.join(COMMANDS)})")
+        return _invoke(argv)
     except KvauditError as e:
         print(f"kvaudit: error: {e.message}", file=sys.stderr)
         return e.exit_code
@@ -504,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = missing_dependency(e)
         print(f"kvaudit: error: {missing.message}", file=sys.stderr)
         return missing.exit_code
-    except SystemExit as e:  # --help and --version exit through argparse
+    except SystemExit as e:  # shell completion exits through sys.exit
         return int(e.code or 0)
     except KeyboardInterrupt:
         print("kvaudit: interrupted", file=sys.stderr)

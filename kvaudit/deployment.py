@@ -177,6 +177,14 @@ def load_preset_spec(preset: Preset) -> ModelSpec:
     return load_model_spec(fixtures_dir() / preset.config, name=preset.title)
 
 
+def load_model(preset: str | None, config: str | None) -> tuple[ModelSpec, Preset | None]:
+    """The model spec of a preset or a config path (exactly one), and the preset if one was named."""
+    if (config is None) == (preset is None):
+        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
+    p = get_preset(preset) if preset else None
+    return (load_preset_spec(p) if p else load_model_spec(config)), p
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One rank of a vLLM deployment and the KV budget that follows from it.

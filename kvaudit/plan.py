@@ -24,9 +24,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
-from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment
+from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment, Preset
 from kvaudit.errors import ConfigError, MissingDependency, NotAuditable, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec
@@ -404,6 +404,43 @@ def shared_by_view(tensors: Any, num_blocks: int, page_size: dict[str, int]) -> 
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 MAMBA_CACHE_MODES = ("none", "align", "all")
+
+
+def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank: int = 0) -> Deployment:
+    """The deployment options ``o`` describe (vLLM's flag names: ``tp``, ``util``, ``kv_cache_dtype``,
+    ...; sizes as text such as ``80GiB``), with the preset's TP, length and device where ``o`` leaves
+    them unset; resolved by vLLM (``make_deployment``). The one place the command line and
+    policy files (``kvaudit check``) turn options into a deployment."""
+    import json
+
+    from kvaudit.units import parse_size
+
+    def size(key: str, allow_zero: bool = False) -> int | None:
+        value = o.get(key)
+        flag = "--" + key.replace("_", "-")
+        return parse_size(str(value), flag, allow_zero=allow_zero) if value is not None else None
+
+    overrides = o.get("hf_overrides")
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} (column {e.colno})") from None
+    if overrides is not None and not isinstance(overrides, dict):
+        raise UsageError("--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'")
+    tp = o.get("tp")
+    return make_deployment(
+        spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=o.get("util", 0.9),
+        max_model_len=o.get("max_model_len") or (preset.max_model_len if preset else None),
+        device=o.get("device") or (preset.device if preset else "atlas-a2-64g"),
+        device_memory_bytes=size("device_memory"), dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
+        overhead_bytes=size("overhead", allow_zero=True) if o.get("overhead") is not None else DEFAULT_OVERHEAD_BYTES,
+        kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
+        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank,
+        kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
+        block_size=o.get("block_size"), enable_prefix_caching=o.get("enable_prefix_caching"),
+        mamba_cache_mode=o.get("mamba_cache_mode"), max_num_seqs=o.get("max_num_seqs"),
+        num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides)
 
 
 def make_deployment(
