@@ -23,7 +23,7 @@ from kvaudit.errors import KvauditError, MeterUnavailable, NotAuditable, Strateg
 from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
 from kvaudit.results import (DEFAULT_TOLERANCE, AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading,
-                             OomPoint, Snapshot, TensorRow, Verdict, exceeds_plan)
+                             OomPoint, Snapshot, TensorRow, Verdict, exceeds_plan, tolerance_bytes)
 from kvaudit.strategy import ALIGNMENT, Strategy
 from kvaudit.units import fmt_bytes
 
@@ -167,7 +167,7 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
     allocated = reading.requested if reading.requested is not None else reading.allocated
     rounding = reading.allocated - reading.requested if reading.requested is not None else None
     allowance = ALIGNMENT * len(plan.tensors) if d.kv_transfer else 0
-    tol_bytes = allowance + int(round(tolerance * expected))
+    tol_bytes = tolerance_bytes(expected, tolerance, allowance)
     reasons: list[str] = []
 
     if device_oom is None:
@@ -194,7 +194,7 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
     elif exceeds_plan(allocated, expected, tol_bytes):
         reasons.insert(0, f"allocates {fmt_bytes(allocated)} for a plan of {fmt_bytes(expected)}: "
                           f"{allocated / expected:.2f}×, {fmt_bytes(over)} over a tolerance of {fmt_bytes(tol_bytes)}")
-    elif under > int(round(tolerance * expected)):
+    elif under > tolerance_bytes(expected, tolerance):
         reasons.insert(0, f"allocates {fmt_bytes(allocated)}, {fmt_bytes(under)} less than the planned "
                           f"{fmt_bytes(expected)} (tolerance {tolerance:.2%})")
     if leaked > 0:

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from kvaudit import __version__
@@ -93,7 +94,7 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
     strategies = {}
     for name in dict.fromkeys(c.strategy for c in policy.cells):
         try:
-            strategies[name] = resolve_strategy(name)
+            strategies[name] = resolve_strategy(_against(name, policy.path.parent))
         except UsageError as e:
             raise PolicyError(f"{policy.path}:{policy.line_of_strategy(name)}: {e.message}") from None
     meters: dict[str, Any] = {}
@@ -141,9 +142,10 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
             why_not = dict(skipped)
             for c in cells:
                 stage_cell = c if len(stages) == 1 else _at_stage(c, dep.pp_rank)
-                a = by_name.get(c.strategy)
+                audited_as = strategies[c.strategy].name  # vllm-ascend=. is audited as vllm-ascend=<folder name>
+                a = by_name.get(audited_as)
                 if a is None:
-                    results.append(CellResult(stage_cell, NOT_AUDITED, why_not.get(c.strategy, "not audited"),
+                    results.append(CellResult(stage_cell, NOT_AUDITED, why_not.get(audited_as, "not audited"),
                                               None, None, None, share, len(reports) - 1))
                 else:
                     results.append(CellResult(stage_cell, PASS if a.verdict is Verdict.PASS else FAIL,
@@ -153,6 +155,14 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
         progress(len(groups), len(groups), "done")
     return CheckResult(policy=str(policy.path), vllm_version=vllm_version(), results=tuple(results),
                        reports=tuple(reports), seconds=time.perf_counter() - start)
+
+
+def _against(strategy: str, folder: Path) -> str:
+    """``vllm-ascend=PATH`` with a relative PATH names a checkout relative to the policy's folder."""
+    if strategy.startswith("vllm-ascend=") and not strategy.startswith("vllm-ascend=="):
+        path = Path(strategy.partition("=")[2])
+        return f"vllm-ascend={path if path.is_absolute() else (folder / path).resolve()}"
+    return strategy
 
 
 def _unmeasured(c: Cell, outcome: str, reason: str, seconds: float) -> CellResult:
@@ -262,6 +272,7 @@ def to_junit(result: CheckResult) -> str:
     import xml.etree.ElementTree as ET
 
     from kvaudit.report import meter_label
+    from kvaudit.units import fmt_bytes
 
     failures = sum(not r.as_expected and r.outcome in (PASS, FAIL) for r in result.results)
     errors = sum(not r.as_expected and r.outcome in (ERROR, NOT_AUDITED) for r in result.results)
@@ -279,7 +290,8 @@ def to_junit(result: CheckResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"kvaudit.{r.cell.label}", name=r.cell.strategy,
                              time=f"{r.seconds:.3f}")
         meter = result.reports[r.report].meter if r.report is not None else r.cell.meter
-        figures = (f"allocated {r.allocated_bytes:,} B of {r.expected_bytes:,} B planned ({r.ratio:.2f}×)"
+        figures = (f"allocated {fmt_bytes(r.allocated_bytes)} ({r.allocated_bytes:,} B) of {fmt_bytes(r.expected_bytes)} "
+                   f"({r.expected_bytes:,} B) planned, {r.ratio:.2f}×"
                    if r.ratio is not None else "not measured")
         detail = (f"{r.cell.label}, strategy {r.cell.strategy}: {r.outcome.upper()}, expected "
                   f"{r.cell.expect}; {figures}; meter {meter_label(meter)}; planned by vLLM {result.vllm_version}; "

@@ -20,6 +20,12 @@ DEFAULT_TOLERANCE = 0.005
 """Relative tolerance: 0.5 % of the planned bytes (``--tolerance``), for every command."""
 
 
+def tolerance_bytes(expected: int, tolerance: float, allowance: int | float = 0) -> int:
+    """The bytes a verdict allows above (or below) a plan of ``expected`` bytes: ``tolerance ×
+    expected``, plus above it an ``allowance`` (vllm-ascend's 2 MiB KV-transfer alignment per tensor)."""
+    return int(round(allowance)) + int(round(tolerance * expected))
+
+
 def exceeds_plan(allocated: int, expected: int, tolerance_bytes: int) -> bool:
     """Over-allocation, as every verdict (audit, triage, check) judges it: more than the tolerance above
     the plan (``tolerance_bytes`` is set by ``kvaudit.audit``: relative tolerance + alignment allowance)."""

@@ -1,0 +1,230 @@
+"""``kvaudit check``: every policy error names its key and line (exit 2), expected-to-fail cells, JUnit read
+back by junitparser, the JSON matrix, progress lines, and the shipped example policy."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from kvaudit.cli import main
+from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
+
+junitparser = pytest.importorskip("junitparser")
+
+EXAMPLE = ROOT / "examples/kvaudit.toml"
+
+POLICY_ERRORS = [
+    # (policy text, line, message)
+    ("[check]\nmeter = 'meta'\n[[model]\nname = 'qwen3-next'\n", 3, "not valid TOML"),
+    ("[checks]\nmeter = 'meta'\n", 1, "unknown table [checks]"),
+    ("[check]\nmeter = 'meta'\nstrategy = ['vllm']\n[[model]]\nname = 'qwen3-next'\n", 3,
+     "unknown key 'strategy' in [check]"),
+    ("[check]\ntolerance = '0.01'\n[[model]]\nname = 'qwen3-next'\n", 2,
+     "'tolerance' in [check] must be a number, got a string"),
+    ("[check]\ntolerance = 1.5\n[[model]]\nname = 'qwen3-next'\n", 2, "'tolerance' in [check] must be in [0, 1)"),
+    ("[check]\nstrategies = []\n[[model]]\nname = 'qwen3-next'\n", 2, "'strategies' in [check] is an empty list"),
+    ("[check]\nstrategies = ['vllm', 'vllm']\n[[model]]\nname = 'qwen3-next'\n", 2, "names a strategy twice"),
+    ("[check]\nstrategies = ['vllm', 3]\n[[model]]\nname = 'qwen3-next'\n", 2,
+     "'strategies' in [check] must be a list of strings, got a list"),
+    ("[check]\nmeter = 'meta'\n", 1, "at least one [[model]] entry"),
+    ("[[model]]\nname = 'llama-3.1-8b'\n\n[[model]]\nname = 'qwen3-next'\nutl = 0.7\n", 6,
+     "unknown key 'utl' in [[model]]"),
+    ("[[model]]\nname = 'qwen3-next'\ntp = '4'\n", 3, "'tp' in [[model]] must be an integer or a list of integers, "
+                                                        "got a string"),
+    ("[[model]]\nname = 'qwen3-next'\nutil = [0.7, 'high']\n", 3, "'util' in [[model]] must be a number"),
+    ("[[model]]\nname = 'qwen3-next'\nutil = []\n", 3, "'util' is an empty list"),
+    ("[[model]]\nname = 'qwen3-next'\nkv_transfer = 'yes'\n", 3, "'kv_transfer' in [[model]] must be true or false"),
+    ("[[model]]\nname = 'qwen3-next'\nnum_blocks = [16, 32]\n", 3,
+     "'num_blocks' in [[model]] must be an integer, got a list"),
+    ("[[model]]\ntp = 4\n", 1, "exactly one of name = PRESET or config = PATH"),
+    ("[[model]]\nname = 'qwen3-next'\nconfig = 'x'\n", 1, "exactly one of name = PRESET or config = PATH"),
+    ("[[model]]\nname = 'qwen9'\n", 2, "unknown preset 'qwen9'"),
+    ("[[model]]\nconfig = 'nowhere/config.json'\n", 2, "config not found: nowhere/config.json"),
+    ("[[model]]\nname = 'qwen3-next'\nexpect = 'xfail'\n", 3, "'expect' must be one of pass, fail, not-audited"),
+    ("[[model]]\nname = 'qwen3-next'\nexpect = { 'ascend-0.9' = 'fail' }\n", 3,
+     "'expect' names strategy 'ascend-0.9', which this entry does not run"),
+    ("[[model]]\nname = 'qwen3-next'\n[model.expect]\n'ascend-0.11' = 'broken'\n", 3,
+     "'expect.ascend-0.11' must be one of pass, fail, not-audited, got 'broken'"),
+    ("[[model]]\nname = 'qwen3-next'\nwhy = 3\n", 3, "'why' in [[model]] must be a string or a table, got an integer"),
+    ("[[model]]\nname = 'qwen3-next'\nmeter = 'meta'\nstrategies = ['vllm', 'ascend-9']\n", 1,
+     "unknown strategy 'ascend-9'"),
+]
+
+
+def _check(argv, capsys):
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("text,line,message", POLICY_ERRORS, ids=[m for _, _, m in POLICY_ERRORS])
+def test_every_policy_error_is_one_line_with_its_line_and_exit_2(text, line, message, tmp_path, capsys):
+    policy = tmp_path / "kvaudit.toml"
+    policy.write_text(text)
+    code, out, err = _check([str(policy)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"kvaudit: error: {policy}:{line}: ") and message in lines[0], lines[0]
+
+
+def test_a_missing_policy_file_is_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _check([], capsys)
+    assert code == 2 and err.strip() == ("kvaudit: error: kvaudit.toml: policy file not found (write one: see "
+                                         "'kvaudit check --help')")
+
+
+QWEN = """
+[check]
+meter = "meta"
+strategies = ["vllm", "ascend-0.11"]
+
+[[model]]
+name = "qwen3-next"
+util = 0.7
+{expect}
+"""
+
+
+def _policy(tmp_path, text, name="kvaudit.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _junit(path):
+    xml = junitparser.JUnitXml.fromfile(str(path))
+    suites = list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]
+    cases = [c for s in suites for c in s]
+    return suites[0], cases
+
+
+def _kind(case):
+    kinds = {type(r).__name__ for r in case.result}
+    return kinds.pop() if kinds else "passed"
+
+
+def test_a_cell_expected_to_fail_keeps_the_job_green_and_is_reported_skipped(tmp_path, capsys):
+    policy = _policy(tmp_path, QWEN.format(expect='expect = { "ascend-0.11" = "fail" }\nwhy = "vllm-ascend #3368"'))
+    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml")], capsys)
+    assert code == 0, err
+    assert "ok (expected fail)" in out and "4.00×" in out and "vllm-ascend #3368" in out
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (2, 0, 0, 1)
+    by_name = {c.name: c for c in cases}
+    assert _kind(by_name["vllm"]) == "passed" and _kind(by_name["ascend-0.11"]) == "Skipped"
+    skipped = by_name["ascend-0.11"].result[0]
+    assert skipped.type == "expected-fail" and "expected fail" in skipped.message
+    assert "4.00×" in skipped.text and "vllm-ascend #3368" in skipped.text and "meter meta (accounting" in skipped.text
+    assert err.strip().splitlines()[-1].startswith("kvaudit check: OK: 2 of 2 cells as expected")
+
+
+def test_an_unexpected_failure_fails_the_job_with_its_reasons(tmp_path, capsys):
+    policy = _policy(tmp_path, QWEN.format(expect=""))
+    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml")], capsys)
+    assert code == 1 and "UNEXPECTED (expected pass)" in out
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (2, 1, 0, 0)
+    failure = next(c for c in cases if c.name == "ascend-0.11").result[0]
+    assert type(failure).__name__ == "Failure" and failure.type == "unexpected-fail"
+    assert "over-allocation" in failure.message and "4.00×" in failure.message
+    assert "allocated 13.82 GiB (14,835,253,248 B) of 3.45 GiB" in failure.text and "planned by vLLM" in failure.text
+    assert "kvaudit check: FAIL: 1 of 2 cells as expected" in err
+
+
+def test_a_pinned_failure_that_now_passes_fails_the_job(tmp_path, capsys):
+    policy = _policy(tmp_path, QWEN.format(expect='expect = "fail"'))
+    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml")], capsys)
+    assert code == 1
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (2, 1, 0, 1)
+    failure = next(c for c in cases if c.name == "vllm").result[0]
+    assert failure.type == "unexpected-pass" and "update the policy" in failure.message
+
+
+def test_a_deployment_vllm_refuses_is_an_error_cell_with_its_line_and_the_rest_still_runs(tmp_path, capsys):
+    policy = _policy(tmp_path, """
+        [check]
+        strategies = ["vllm"]
+
+        [[model]]
+        name = "qwen3-next"
+        tp = [3, 4]
+        """)
+    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml"), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 2 and doc["exit_code"] == 2
+    assert [(c["options"]["tp"], c["outcome"]) for c in doc["cells"]] == [(3, "error"), (4, "pass")]
+    assert doc["cells"][0]["reason"].startswith(f"{policy}:5: ") and "divisible by tensor parallel size (3)" in \
+        doc["cells"][0]["reason"]
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (2, 0, 1, 0)
+
+
+def test_an_unavailable_meter_leaves_cells_not_audited_exit_3(tmp_path, capsys):
+    policy = _policy(tmp_path, QWEN.format(expect=""))
+    code, out, err = _check([str(policy), "--meter", "npu", "--junit", str(tmp_path / "j.xml")], capsys)
+    assert code == 3 and "NOT-AUDITED" in out and "torch_npu" in out and "kvaudit check: NOT MEASURED" in err
+    suite, _ = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.errors) == (2, 2)
+
+
+def test_json_holds_the_whole_matrix_and_each_deployments_report(tmp_path, capsys):
+    policy = _policy(tmp_path, """
+        [check]
+        strategies = ["vllm", "ascend-0.12"]
+
+        [[model]]
+        name = "qwen3-next"
+        util = [0.7, 0.9]
+        expect = { "ascend-0.12" = "fail" }
+        """)
+    code, out, err = _check([str(policy), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["schema_version"] == 1 and doc["vllm_version"]
+    assert [(c["options"]["util"], c["strategy"], c["outcome"], c["as_expected"]) for c in doc["cells"]] == [
+        (0.7, "vllm", "pass", True), (0.7, "ascend-0.12", "fail", True),
+        (0.9, "vllm", "pass", True), (0.9, "ascend-0.12", "fail", True)]
+    assert [round(c["ratio"], 2) for c in doc["cells"]] == [1.0, 2.0, 1.0, 2.0]
+    assert len(doc["reports"]) == 2 and [c["report"] for c in doc["cells"]] == [0, 0, 1, 1]
+    assert doc["reports"][1]["deployment"]["gpu_memory_utilization"] == 0.9
+    assert doc["counts"] == {"pass": 2, "fail": 2, "not-audited": 0, "error": 0, "unexpected": 0, "expected-fail": 2}
+    # progress: one plain line per deployment on stderr when it is not a terminal
+    assert [l for l in err.splitlines() if l.startswith("kvaudit check: [")] == [
+        "kvaudit check: [1/2] qwen3-next util=0.7 (2 strategies)",
+        "kvaudit check: [2/2] qwen3-next util=0.9 (2 strategies)"]
+
+
+def test_a_config_path_is_resolved_against_the_policys_folder(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(ROOT / "fixtures/configs/llama-3.1-8b", tmp_path / "models/llama")
+    policy = _policy(tmp_path, """
+        [check]
+        strategies = ["ascend-0.16"]
+
+        [[model]]
+        config = "models/llama"
+        max_model_len = 8192
+        """)
+    code, out, err = _check([str(policy), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["cells"][0]["model"] == "models/llama" and doc["cells"][0]["outcome"] == "pass"
+
+
+@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM,
+                    reason=f"the example policy's expectations are measured with vLLM {PRIMARY_VLLM}")
+def test_the_example_policy_covers_every_preset_against_the_built_ins_and_passes(tmp_path, capsys):
+    from kvaudit.deployment import PRESETS
+    from kvaudit.strategies import STRATEGIES
+
+    code, out, err = _check([str(EXAMPLE), "--junit", str(tmp_path / "j.xml"), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0, err
+    assert {(c["model"], c["strategy"]) for c in doc["cells"]} == {(p, s) for p in PRESETS for s in STRATEGIES}
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert suite.tests == len(doc["cells"]) == len(cases) == 84  # qwen3-next runs at two utilizations
+    assert (suite.failures, suite.errors) == (0, 0)
+    assert suite.skipped == doc["counts"]["expected-fail"] == 23  # 20 pinned failures, 3 not audited
