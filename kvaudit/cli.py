@@ -645,10 +645,10 @@ def main(argv: list[str] | None = None) -> int:
         code = _elsewhere(argv or [])
         if code is not None:
             return code
-        if not argv:
+        if not argv and "_KVAUDIT_COMPLETE" not in os.environ:  # (shell completion runs with no arguments)
             _print_help_to_stderr()
             return EXIT_BAD_INPUT
-        first = argv[0]
+        first = argv[0] if argv else "-"
         if not first.startswith("-") and first not in (*COMMANDS, *PRESETS):
             raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
                              f"commands: {', '.join(COMMANDS)})")

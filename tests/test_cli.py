@@ -59,6 +59,15 @@ BAD_INPUT = [
     (["qwen3-next", "--strategy", "ascend-9"], "unknown strategy 'ascend-9'"),
     (["qwen3-next", "--meter", "tpu"], "unknown meter 'tpu'"),
     (["qwen3-next", "--format", "xml"], "'xml' is not one of 'table', 'json'"),
+    # click's own usage errors (several lines with the usage in click) are one line here too
+    (["qwen3-next", "--util"], "Option '--util' requires an argument"),
+    (["qwen3-next", "--utl", "0.7"], "qwen3-next: No such option: --utl"),
+    (["qwen3-next", "extra"], "qwen3-next: Got unexpected extra argument(s) (extra)"),
+    (["qwen3-next", "--tp", "four"], "qwen3-next: Invalid value for '--tp'"),
+    (["triage"], "triage: Missing argument 'report'"),
+    (["compare", "old.json"], "compare: Missing argument 'new'"),
+    (["check", "--format", "xml"], "check: Invalid value for '--format'"),
+    (["--bogus"], "No such option: --bogus"),
 ]
 
 
@@ -113,6 +122,29 @@ def test_help_imports_neither_torch_nor_vllm():
 def test_no_arguments_prints_help_and_exit_2(capsys):
     code, out, err = _run([], capsys)
     assert code == 2 and "Usage: kvaudit" in err
+
+
+def test_every_command_has_help_with_rich_panels(capsys):
+    for argv in (["qwen3-next", "--help"], ["audit", "--help"], ["check", "--help"], ["compare", "-h"]):
+        code, out, err = _run(argv, capsys)
+        assert code == 0 and f"Usage: kvaudit {argv[0]}" in out, argv
+    code, out, err = _run(["qwen3-next", "--help"], capsys)
+    assert "Deployment (vLLM's flags)" in out and "--kv-cache-dtype" in out and "Output" in out
+
+
+def test_shell_completion_completes_presets_and_options():
+    import os
+
+    def complete(words: str, cword: int) -> list[str]:
+        env = dict(os.environ, _KVAUDIT_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(cword))
+        code = "from kvaudit.cli import run; run()"
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.split()
+
+    assert complete("kvaudit qwen3", 1) == ["qwen3-next", "qwen3-8b", "qwen3-30b-a3b", "qwen3.5-27b",
+                                            "qwen3.5-397b-a17b"]
+    assert complete("kvaudit qwen3-next --kv-c", 2) == ["--kv-cache-dtype", "--kv-cache-memory"]
 
 
 def test_version(capsys):
