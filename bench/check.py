@@ -45,15 +45,13 @@ def main() -> None:
 
     t0 = time.perf_counter()
     from kvaudit.check import run_policy
-    from kvaudit.cli import DEPLOYMENT_OPTIONS
     from kvaudit.plan import load_vllm, vllm_version
     from kvaudit.policy import load_policy
     from kvaudit.strategies import STRATEGIES
 
     load_vllm()
     imported = time.perf_counter() - t0
-    policy = load_policy(a.policy, {o.name: o.type for o in DEPLOYMENT_OPTIONS if o.name != "vllm_python"},
-                         tuple(STRATEGIES))
+    policy = load_policy(a.policy, tuple(STRATEGIES))
     print(f"kvaudit check {Path(a.policy).name}: {len(policy.cells)} cells, planned by vLLM {vllm_version()}, "
           f"import {imported:.1f} s")
     for rep in range(a.reps):

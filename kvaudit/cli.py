@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
 from typing import Annotated, Any, Callable, Optional
@@ -19,8 +18,9 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from kvaudit import __version__
-from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, PRESETS
+from kvaudit.deployment import PRESETS
 from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, MissingDependency, UsageError, missing_dependency
+from kvaudit.options import AUDIT, DEPLOYMENT_OPTIONS, MODEL, OUTPUT, Opt
 from kvaudit.results import DEFAULT_TOLERANCE
 
 DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs allocated bytes per layer "
@@ -52,79 +52,6 @@ class Detail(str, Enum):
     groups = "groups"
     layers = "layers"
 
-
-@dataclass(frozen=True)
-class Opt:
-    """One command-line option, declared once and shared by every command that takes it."""
-
-    name: str
-    """The attribute the command body reads (``a.util``)."""
-    type: Any
-    default: Any
-    decls: tuple[str, ...]
-    help: str
-    panel: str = "Options"
-    argument: bool = False
-    """A positional argument rather than an option."""
-
-    def parameter(self) -> inspect.Parameter:
-        """The typed parameter typer builds the option from."""
-        info = (typer.Argument(help=self.help, show_default=False) if self.argument else
-                typer.Option(*self.decls, help=self.help, rich_help_panel=self.panel,
-                             show_default=self.default not in (None, False, [])))
-        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
-                                 annotation=Annotated[self.type, info])
-
-
-MODEL, DEPLOY, AUDIT, OUTPUT = "Model", "Deployment (vLLM's flags)", "Audit", "Output"
-
-DEPLOYMENT_OPTIONS = (
-    Opt("vllm_python", Optional[str], None, ("--vllm-python",),
-        "Plan (and audit) with the vLLM of another environment: its python, with torch, vLLM and rich installed "
-        "(e.g. the vLLM a vllm-ascend release pins); kvaudit runs there.", DEPLOY),
-    Opt("tp", Optional[int], None, ("--tp", "--tensor-parallel-size"), "Tensor-parallel size (the preset's, else 1).",
-        DEPLOY),
-    Opt("pp", int, 1, ("--pp", "--pipeline-parallel-size"),
-        "Pipeline-parallel size: each stage is planned and budgeted on its own.", DEPLOY),
-    Opt("pp_rank", Optional[int], None, ("--pp-rank",), "Audit this pipeline stage only (default: every stage).",
-        DEPLOY),
-    Opt("max_model_len", Optional[int], None, ("--max-model-len",),
-        "The preset's, else vLLM's default for the config (its own length check applies).", DEPLOY),
-    Opt("dtype", str, "auto", ("--dtype",),
-        "auto (vLLM's rule: float32 configs run in 16 bits), bfloat16, float16 or float32.", DEPLOY),
-    Opt("kv_cache_dtype", str, "auto", ("--kv-cache-dtype",), "auto (the model dtype), fp8, fp8_e4m3, fp8_e5m2, ...",
-        DEPLOY),
-    Opt("quantization", Optional[str], None, ("--quantization", "-q"),
-        "vLLM's --quantization (default: the config's quantization_config).", DEPLOY),
-    Opt("block_size", Optional[int], None, ("--block-size",),
-        "vLLM's --block-size (platform rules may raise it for hybrids).", DEPLOY),
-    Opt("enable_prefix_caching", Optional[bool], None, ("--enable-prefix-caching/--no-enable-prefix-caching",),
-        "vLLM's prefix caching switch (default: vLLM's).", DEPLOY),
-    Opt("mamba_cache_mode", Optional[str], None, ("--mamba-cache-mode",),
-        "none, align or all (default: vLLM's for the prefix-caching setting).", DEPLOY),
-    Opt("max_num_seqs", Optional[int], None, ("--max-num-seqs",),
-        "vLLM's --max-num-seqs (Mamba state slots are checked against it).", DEPLOY),
-    Opt("num_speculative_tokens", int, 0, ("--num-speculative-tokens",),
-        "MTP draft tokens: the draft model's layers get KV cache too.", DEPLOY),
-    Opt("hf_overrides", Optional[str], None, ("--hf-overrides",),
-        "JSON object merged into the config, as vLLM's --hf-overrides.", DEPLOY),
-    Opt("util", float, 0.9, ("--util", "--gpu-memory-utilization"), "gpu_memory_utilization, in (0, 1] (as vLLM).",
-        DEPLOY),
-    Opt("device", Optional[str], None, ("--device",), f"Device preset for the memory size ({', '.join(DEVICES)}).",
-        DEPLOY),
-    Opt("device_memory", Optional[str], None, ("--device-memory",), "Device memory, e.g. 80GiB (overrides --device).",
-        DEPLOY),
-    Opt("weights", Optional[str], None, ("--weights",), "Weights per rank (default: computed from the config).",
-        DEPLOY),
-    Opt("overhead", str, str(DEFAULT_OVERHEAD_BYTES), ("--overhead",),
-        "Other non-KV memory per rank: activations, non-torch (default 2GiB).", DEPLOY),
-    Opt("kv_cache_memory", Optional[str], None, ("--kv-cache-memory",),
-        "The KV budget itself, as vLLM's flag (skips the utilization formula).", DEPLOY),
-    Opt("num_blocks", Optional[int], None, ("--num-blocks",),
-        "Override num_blocks (vLLM's num_gpu_blocks_override): a scaled plan.", DEPLOY),
-    Opt("kv_transfer", bool, False, ("--kv-transfer",),
-        "A KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers.", DEPLOY),
-)
 
 STRATEGY = Opt("strategy", Optional[list[str]], None, ("--strategy", "-s"),
                "vllm, ascend-0.11, ascend-0.12, ascend-0.16 (default: these four), installed, vllm-ascend==VERSION, "
@@ -374,8 +301,7 @@ def check_command(a: Any) -> int:
     from kvaudit.strategies import STRATEGIES
 
     _check_outputs(a.junit, a.html, a.svg)
-    policy = load_policy(a.policy, {o.name: o.type for o in DEPLOYMENT_OPTIONS if o.name != "vllm_python"},
-                         tuple(STRATEGIES))
+    policy = load_policy(a.policy, tuple(STRATEGIES))
     result = check.run_policy(policy, meter=a.meter, device_index=a.device_index, progress=check.progress_to_stderr())
     if Format(a.fmt) is Format.json:
         sys.stdout.write(check.to_json(result) + "\n")

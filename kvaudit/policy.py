@@ -6,11 +6,9 @@ import itertools
 import json
 import re
 import sys
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvaudit.errors import UsageError
 from kvaudit.results import DEFAULT_TOLERANCE
@@ -33,10 +31,6 @@ CHECK_KEYS = {"meter": str, "tolerance": float, "strategies": list, "expect": st
 MODEL_KEYS = {"name": str, "config": str, "meter": str, "tolerance": float, "strategies": list,
               "expect": (str, dict), "why": (str, dict)}
 """Keys of a ``[[model]]`` entry besides the deployment options (which the command line declares)."""
-
-SIZE_KEYS = ("device_memory", "weights", "overhead", "kv_cache_memory")
-"""Deployment options given as a size: ``"80GiB"`` or a number of bytes."""
-
 
 class PolicyError(UsageError):
     """A policy file that cannot be run: ``path:line: message`` (exit 2)."""
@@ -89,13 +83,6 @@ class Policy:
 def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value).lower() \
         if isinstance(value, bool) else str(value)
-
-
-def _base(t: Any) -> Any:
-    """``Optional[int]`` -> ``int``; ``Optional[list[str]]`` -> ``list``."""
-    if typing.get_origin(t) in (typing.Union, types.UnionType):
-        t = next(a for a in typing.get_args(t) if a is not type(None))
-    return typing.get_origin(t) or t
 
 
 _NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list of strings",
@@ -158,13 +145,13 @@ class _Lines:
         return self.headers.get((table, index), 1)
 
 
-def load_policy(path: str | Path, deployment_options: Mapping[str, Any], strategies: tuple[str, ...]) -> Policy:
-    """Read and validate a policy file.
-
-    ``deployment_options`` maps each deployment option a ``[[model]]`` entry may set (the command
-    line's: ``tp``, ``util``, ``kv_cache_dtype``, ...) to its type; ``strategies`` are the default
-    strategies. Every error is ``path:line: message`` (``PolicyError``, exit 2), before anything runs."""
+def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
+    """Read and validate a policy file: ``[[model]]`` entries may set every deployment option of the
+    command line (``kvaudit.options``: ``tp``, ``util``, ``kv_cache_dtype``, ...); ``strategies`` are
+    the default strategies. Every error is ``path:line: message`` (``PolicyError``, exit 2), before
+    anything runs."""
     from kvaudit.deployment import PRESETS
+    from kvaudit.options import deployment_option_names, value_type
 
     p = Path(path)
     if not p.is_file():
@@ -203,7 +190,7 @@ def load_policy(path: str | Path, deployment_options: Mapping[str, Any], strateg
                 "strategies": check.get("strategies", list(strategies)), "expect": check.get("expect", "pass")}
     _check_values("check", 0, defaults, fail)
 
-    known = {**MODEL_KEYS, **{k: _base(t) for k, t in deployment_options.items()}}
+    known = {**MODEL_KEYS, **{k: value_type(k) for k in deployment_option_names()}}
     cells: list[Cell] = []
     for i, entry in enumerate(models):
         entry = dict(entry)
@@ -211,10 +198,6 @@ def load_policy(path: str | Path, deployment_options: Mapping[str, Any], strateg
             if key not in known:
                 raise fail("model", i, key, f"unknown key '{key}' in [[model]] (known: {', '.join(known)})")
             want = known[key]
-            if key in SIZE_KEYS:
-                want = (str, int)
-            elif key == "hf_overrides":
-                want = (str, dict)
             values = value if key in AXES and isinstance(value, list) else [value]
             if key in AXES and isinstance(value, list) and not value:
                 raise fail("model", i, key, f"'{key}' is an empty list")
