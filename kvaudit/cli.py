@@ -379,8 +379,9 @@ def _write_pages(a: Any, reports: list[Any]) -> None:
         return
     from kvaudit import page
 
-    for path, text in ((a.html, page.to_html(reports) if a.html else ""),
-                       (a.svg, page.to_svg(reports) if a.svg else "")):
+    detail = Detail(getattr(a, "detail", Detail.layers)).value
+    for path, text in ((a.html, page.to_html(reports, detail=detail) if a.html else ""),
+                       (a.svg, page.to_svg(reports, detail=detail) if a.svg else "")):
         if path:
             _write(path, text)
 

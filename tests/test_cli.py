@@ -150,3 +150,23 @@ def test_shell_completion_completes_presets_and_options():
 def test_version(capsys):
     code, out, err = _run(["--version"], capsys)
     assert code == 0 and out.startswith("kvaudit ")
+
+
+def test_html_and_svg_pages_are_written_beside_the_report(tmp_path, capsys):
+    html, svg = tmp_path / "r.html", tmp_path / "r.svg"
+    code, out, err = _run(["qwen3-next", "--util", "0.7", "-s", "ascend-0.12", "--detail", "summary", "--html",
+                           str(html), "--svg", str(svg)], capsys)
+    assert code == 1 and "2.00×" in out
+    assert f"kvaudit: wrote {html}" in err and f"kvaudit: wrote {svg}" in err
+    page = html.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "ascend-0.12" in page and "<svg" in page
+    import xml.etree.ElementTree as ET
+
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_audit(tmp_path, capsys):
+    code, out, err = _run(["qwen3-next", "--html", str(tmp_path / "no/such/folder/r.html")], capsys)
+    assert code == 2 and out == "" and err.strip().startswith("kvaudit: error: cannot write") and "planning" not in err
+    code, out, err = _run(["check", "kvaudit.toml", "--junit", str(tmp_path)], capsys)
+    assert code == 2 and f"{tmp_path} is a directory" in err
