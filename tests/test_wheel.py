@@ -52,6 +52,7 @@ def test_meters_says_torch_is_not_installed(kvaudit_exe):
     (["qwen3-next"], "torch"), (["audit", "--preset", "llama-3.1-8b", "--meter", "meta"], "torch"),
     (["audit", "--plan", ROOT / "README.md"], None), (["plan", "--preset", "qwen3-next"], "vLLM"),
     (["models"], "vLLM"), (["history", "qwen3-next"], "vLLM"),
+    (["check", ROOT / "examples/kvaudit.toml"], "torch"),
 ])
 def test_what_needs_torch_or_vllm_is_one_line_and_exit_3(kvaudit_exe, args, package):
     p = _kvaudit(kvaudit_exe, *args)
@@ -61,6 +62,14 @@ def test_what_needs_torch_or_vllm_is_one_line_and_exit_3(kvaudit_exe, args, pack
         return
     assert p.returncode == 3 and len(lines) == 1 and p.stdout == "", p.stderr
     assert lines[0].startswith("kvaudit: error:") and package in lines[0] and "install" in lines[0]
+
+
+def test_compare_needs_neither_torch_nor_vllm(kvaudit_exe):
+    saved = ROOT / "fixtures/reports/compare"
+    p = _kvaudit(kvaudit_exe, "compare", saved / "qwen3-next-util0.7-meta.json",
+                 saved / "qwen3-next-util0.7-meta-kv-transfer.json")
+    assert p.returncode == 1 and "regression" in p.stdout and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit compare: REGRESSION in 2 of 4 strategies")
 
 
 def test_a_saved_plan_needs_torch_to_be_audited(kvaudit_exe, tmp_path):
