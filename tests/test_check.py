@@ -184,6 +184,12 @@ def test_json_holds_the_whole_matrix_and_each_deployments_report(tmp_path, capsy
     code, out, err = _check([str(policy), "--format", "json"], capsys)
     doc = json.loads(out)
     assert code == 0 and doc["schema_version"] == 1 and doc["vllm_version"]
+    import jsonschema
+
+    jsonschema.validate(doc, json.loads((ROOT / "kvaudit/check.schema.json").read_text()))
+    report_schema = json.loads((ROOT / "kvaudit/report.schema.json").read_text())
+    for report in doc["reports"]:
+        jsonschema.validate(report, report_schema)
     assert [(c["options"]["util"], c["strategy"], c["outcome"], c["as_expected"]) for c in doc["cells"]] == [
         (0.7, "vllm", "pass", True), (0.7, "ascend-0.12", "fail", True),
         (0.9, "vllm", "pass", True), (0.9, "ascend-0.12", "fail", True)]
@@ -228,3 +234,52 @@ def test_the_example_policy_covers_every_preset_against_the_built_ins_and_passes
     assert suite.tests == len(doc["cells"]) == len(cases) == 84  # qwen3-next runs at two utilizations
     assert (suite.failures, suite.errors) == (0, 0)
     assert suite.skipped == doc["counts"]["expected-fail"] == 23  # 20 pinned failures, 3 not audited
+
+
+def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, capsys):
+    import io
+    import sys
+
+    from kvaudit import check
+
+    plain = check.progress_to_stderr()
+    plain(0, 2, "a (4 strategies)")
+    plain(2, 2, "done")
+    assert capsys.readouterr().err == "kvaudit check: [1/2] a (4 strategies)\n"
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    bar = check.progress_to_stderr()
+    assert bar is not plain and bar.__name__ == "rich_bar"
+    bar(0, 2, "qwen3-next util=0.7 (4 strategies)")
+    bar(1, 2, "qwen3-next util=0.9 (4 strategies)")
+    bar(2, 2, "done")
+    drawn = term.getvalue()
+    assert "kvaudit check" in drawn and "━" in drawn and "0/2" in drawn and "2/2" in drawn
+
+
+def test_pipeline_stages_are_cells_of_their_own(tmp_path, capsys):
+    policy = _policy(tmp_path, """
+        [check]
+        strategies = ["ascend-0.12"]
+
+        [[model]]
+        name = "qwen3-next"
+        util = 0.7
+        pp = 2
+        expect = "fail"
+        """)
+    code, out, err = _check([str(policy), "--format", "json", "--junit", str(tmp_path / "j.xml")], capsys)
+    doc = json.loads(out)
+    assert code == 0
+    assert [(c["options"], c["outcome"], round(c["ratio"], 2)) for c in doc["cells"]] == [
+        ({"util": 0.7, "pp": 2, "pp_rank": 0}, "fail", 2.0), ({"util": 0.7, "pp": 2, "pp_rank": 1}, "fail", 2.0)]
+    assert [r["deployment"]["pipeline_parallel_rank"] for r in doc["reports"]] == [0, 1]
+    suite, cases = _junit(tmp_path / "j.xml")
+    assert (suite.tests, suite.skipped) == (2, 2)
+    assert [c.classname for c in cases] == ["kvaudit.qwen3-next util=0.7 pp=2 pp_rank=0",
+                                            "kvaudit.qwen3-next util=0.7 pp=2 pp_rank=1"]
