@@ -32,6 +32,7 @@ MODEL_KEYS = {"name": str, "config": str, "meter": str, "tolerance": float, "str
               "expect": (str, dict), "why": (str, dict)}
 """Keys of a ``[[model]]`` entry besides the deployment options (which the command line declares)."""
 
+
 class PolicyError(UsageError):
     """A policy file that cannot be run: ``path:line: message`` (exit 2)."""
 
@@ -60,7 +61,7 @@ class Cell:
     @property
     def deployment_key(self) -> tuple:
         """Cells with equal keys share one deployment (planned once, every strategy audited against it)."""
-        return (self.preset, self.config, self.options, self.meter, self.tolerance)
+        return (self.preset, self.config, tuple((k, _text(v)) for k, v in self.options), self.meter, self.tolerance)
 
     @property
     def label(self) -> str:
@@ -203,8 +204,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                 raise fail("model", i, key, f"'{key}' is an empty list")
             for v in values:
                 if not _check_type(v, want):
-                    axis = f" or a list of {_want_name(want).removeprefix('a ').removeprefix('an ')}s" \
-                        if key in AXES else ""
+                    axis = f" or a list of them" if key in AXES else ""
                     raise fail("model", i, key, f"'{key}' in [[model]] must be {_want_name(want)}{axis}, "
                                                 f"got {_kind(v)}")
         if ("name" in entry) == ("config" in entry):
@@ -249,7 +249,12 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
 
 def _check_values(table: str, index: int, settings: dict, fail: Any) -> None:
     """Ranges of the settings shared by [check] and [[model]] (types are checked already)."""
+    from kvaudit.meters import METER_NAMES
+
     where = "[check]" if table == "check" else "[[model]]"
+    if settings["meter"] not in ("auto", *METER_NAMES):
+        raise fail(table, index, "meter", f"unknown meter '{settings['meter']}' in {where} (known: auto, "
+                                          f"{', '.join(METER_NAMES)})")
     if not 0.0 <= settings["tolerance"] < 1.0:
         raise fail(table, index, "tolerance", f"'tolerance' in {where} must be in [0, 1), got {settings['tolerance']}")
     if not settings["strategies"]:

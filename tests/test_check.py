@@ -29,13 +29,18 @@ POLICY_ERRORS = [
     ("[check]\nstrategies = ['vllm', 3]\n[[model]]\nname = 'qwen3-next'\n", 2,
      "'strategies' in [check] must be a list of strings, got a list"),
     ("[check]\nmeter = 'meta'\n", 1, "at least one [[model]] entry"),
+    ("[check]\nmeter = 'tpu'\n[[model]]\nname = 'qwen3-next'\n", 2, "unknown meter 'tpu' in [check]"),
+    ("[[model]]\nname = 'qwen3-next'\nmeter = 'gpu'\n", 3, "unknown meter 'gpu' in [[model]]"),
     ("[[model]]\nname = 'llama-3.1-8b'\n\n[[model]]\nname = 'qwen3-next'\nutl = 0.7\n", 6,
      "unknown key 'utl' in [[model]]"),
-    ("[[model]]\nname = 'qwen3-next'\ntp = '4'\n", 3, "'tp' in [[model]] must be an integer or a list of integers, "
+    ("[[model]]\nname = 'qwen3-next'\ntp = '4'\n", 3, "'tp' in [[model]] must be an integer or a list of them, "
                                                         "got a string"),
     ("[[model]]\nname = 'qwen3-next'\nutil = [0.7, 'high']\n", 3, "'util' in [[model]] must be a number"),
     ("[[model]]\nname = 'qwen3-next'\nutil = []\n", 3, "'util' is an empty list"),
-    ("[[model]]\nname = 'qwen3-next'\nkv_transfer = 'yes'\n", 3, "'kv_transfer' in [[model]] must be true or false"),
+    ("[[model]]\nname = 'qwen3-next'\nkv_transfer = 'yes'\n", 3,
+     "'kv_transfer' in [[model]] must be true or false or a list of them, got a string"),
+    ("[[model]]\nname = 'qwen3-next'\ndevice_memory = 1.5\n", 3,
+     "'device_memory' in [[model]] must be a string or an integer, got a number"),
     ("[[model]]\nname = 'qwen3-next'\nnum_blocks = [16, 32]\n", 3,
      "'num_blocks' in [[model]] must be an integer, got a list"),
     ("[[model]]\ntp = 4\n", 1, "exactly one of name = PRESET or config = PATH"),
@@ -283,3 +288,19 @@ def test_pipeline_stages_are_cells_of_their_own(tmp_path, capsys):
     assert (suite.tests, suite.skipped) == (2, 2)
     assert [c.classname for c in cases] == ["kvaudit.qwen3-next util=0.7 pp=2 pp_rank=0",
                                             "kvaudit.qwen3-next util=0.7 pp=2 pp_rank=1"]
+
+
+def test_hf_overrides_as_a_toml_table(tmp_path, capsys):
+    policy = _policy(tmp_path, """
+        [check]
+        strategies = ["vllm"]
+
+        [[model]]
+        name = "llama-3.1-8b"
+        hf_overrides = { max_position_embeddings = 4096 }
+        max_model_len = 4096
+        """)
+    code, out, err = _check([str(policy), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0, err
+    assert doc["cells"][0]["options"]["hf_overrides"] == {"max_position_embeddings": 4096}
