@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvaudit import __version__
-from kvaudit.errors import KvauditError, MeterUnavailable, UsageError
+from kvaudit.errors import KvauditError, UsageError
 from kvaudit.policy import Cell, Policy, PolicyError
 from kvaudit.results import Report, Verdict
 
@@ -117,27 +117,23 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
             options = dict(first.options)
             ranks = [options["pp_rank"]] if options.get("pp_rank") is not None else range(max(1, options.get("pp", 1)))
             stages = [deploy(spec, preset, options, rank) for rank in ranks]
-        except MeterUnavailable as e:
-            results += [_unmeasured(c, NOT_AUDITED, e.message, time.perf_counter() - t0) for c in cells]
-            continue
         except KvauditError as e:
-            results += [_unmeasured(c, ERROR, f"{policy.path}:{c.line}: {e.message}", time.perf_counter() - t0)
-                        for c in cells]
+            results += _unmeasured(policy, cells, e, time.perf_counter() - t0)
             continue
         for dep in stages:
+            t_stage = time.perf_counter()
             chosen = [strategies[c.strategy] for c in cells]
             skipped: list[tuple[str, str]] = []
             try:
                 audits = tuple(core.audit_all(dep, chosen, m, first.tolerance, skipped))
             except KvauditError as e:
-                results += [_unmeasured(c, ERROR, f"{policy.path}:{c.line}: {e.message}", time.perf_counter() - t0)
-                            for c in cells]
+                results += _unmeasured(policy, cells, e, time.perf_counter() - t0)
                 break
             caps, safe = for_report(dep, list(audits), chosen)
             reports.append(Report(deployment=dep, audits=audits, meter=m.name, meter_device=m.describe(),
                                   vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
                                   safe_utilization=safe))
-            share = (time.perf_counter() - t0) / len(cells) / len(stages)
+            share = (time.perf_counter() - (t0 if dep is stages[0] else t_stage)) / len(cells)
             by_name = {a.strategy: a for a in audits}
             why_not = dict(skipped)
             for c in cells:
@@ -165,8 +161,14 @@ def _against(strategy: str, folder: Path) -> str:
     return strategy
 
 
-def _unmeasured(c: Cell, outcome: str, reason: str, seconds: float) -> CellResult:
-    return CellResult(c, outcome, reason, None, None, None, seconds, None)
+def _unmeasured(policy: Policy, cells: list[Cell], e: KvauditError, seconds: float) -> list[CellResult]:
+    """Cells whose deployment could not be audited: not audited when it could not be measured (exit 3: the
+    meter is unavailable, a package or the host's memory is missing, a strategy broke), else an error
+    naming the entry's line (vLLM or kvaudit refused the deployment)."""
+    if e.exit_code == 3:
+        return [CellResult(c, NOT_AUDITED, e.message, None, None, None, seconds / len(cells), None) for c in cells]
+    return [CellResult(c, ERROR, f"{policy.path}:{c.line}: {e.message}", None, None, None, seconds / len(cells), None)
+            for c in cells]
 
 
 def _at_stage(c: Cell, pp_rank: int) -> Cell:

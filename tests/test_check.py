@@ -304,3 +304,22 @@ def test_hf_overrides_as_a_toml_table(tmp_path, capsys):
     doc = json.loads(out)
     assert code == 0, err
     assert doc["cells"][0]["options"]["hf_overrides"] == {"max_position_embeddings": 4096}
+
+
+def test_a_cell_that_cannot_be_measured_is_not_audited_not_an_error(tmp_path, capsys, monkeypatch):
+    from kvaudit import meters
+
+    monkeypatch.setattr(meters, "host_available_bytes", lambda: 2 << 30)  # the host cannot hold the plan
+    policy = _policy(tmp_path, """
+        [check]
+        meter = "cpu"
+        strategies = ["ascend-0.11"]
+
+        [[model]]
+        name = "qwen3-next"
+        util = 0.7
+        """)
+    code, out, err = _check([str(policy), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 3 and [c["outcome"] for c in doc["cells"]] == ["not-audited"]
+    assert "--num-blocks" in doc["cells"][0]["reason"]
