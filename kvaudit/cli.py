@@ -312,7 +312,8 @@ def check_command(a: Any) -> int:
     sys.stdout.flush()
     if a.junit:
         _write(a.junit, check.to_junit(result))
-    _write_pages(a, list(result.reports))
+    _write_pages(a, list(result.reports), title=f"kvaudit check {a.policy}",
+                 lead=check.summary_line(result).removeprefix("kvaudit check: "), preface=check.render(result))
     _note(check.summary_line(result))
     return result.exit_code
 
@@ -373,14 +374,15 @@ def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
 
 
 
-def _write_pages(a: Any, reports: list[Any]) -> None:
-    """``--html`` / ``--svg``: the report as a page and as an image, for a person without a terminal."""
+def _write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
+    """``--html`` / ``--svg``: the report as a page and as an image, for a person without a terminal
+    (``page_options``: the page's title, lead line and preface, as ``check`` sets them)."""
     if not (a.html or a.svg):
         return
     from kvaudit import page
 
     detail = Detail(getattr(a, "detail", Detail.layers)).value
-    for path, text in ((a.html, page.to_html(reports, detail=detail) if a.html else ""),
+    for path, text in ((a.html, page.to_html(reports, detail=detail, **page_options) if a.html else ""),
                        (a.svg, page.to_svg(reports, detail=detail) if a.svg else "")):
         if path:
             _write(path, text)

@@ -66,14 +66,28 @@ def _table_theme() -> Any:
 
 def _console(rep: Report, detail: str, width: int) -> Any:
     """A recording console holding the tables the terminal shows for ``rep``."""
+    return _recorded(render_tables(rep, detail), width)
+
+
+def _recorded(renderables: list[Any], width: int) -> Any:
+    """A recording console holding ``renderables`` as a terminal ``width`` columns wide shows them."""
     from rich.console import Console
 
     console = Console(record=True, file=io.StringIO(), width=width, highlight=False, soft_wrap=False,
                       color_system="truecolor", force_terminal=True, force_jupyter=False, legacy_windows=False)
-    for renderable in render_tables(rep, detail):
+    for renderable in renderables:
         console.print(renderable)
         console.print()
     return console
+
+
+def _html_tables(console: Any) -> str:
+    """What a recording console holds, as inline-styled HTML."""
+    theme = _table_theme()
+    return console.export_html(
+        theme=theme, inline_styles=True,
+        code_format='<pre class="tables" style="color: {foreground}; background: {background}">'
+                    '<code style="font-family: inherit">{code}</code></pre>')
 
 
 # --- what the page says ---------------------------------------------------------------------------------------
@@ -349,11 +363,7 @@ def _html_section(rep: Report, index: int, detail: str, width: int) -> str:
     verdict = report_verdict(rep)
     cls = {"FAIL": "fail", "PASS": "pass"}.get(verdict, "other")
     chart = _chart(rep)
-    theme = _table_theme()
-    tables = _console(rep, detail, width).export_html(
-        theme=theme, inline_styles=True,
-        code_format='<pre class="tables" style="color: {foreground}; background: {background}">'
-                    '<code style="font-family: inherit">{code}</code></pre>')
+    tables = _html_tables(_console(rep, detail, width))
     measured = _measured(rep)
     return f"""<section class="report" id="report-{index}">
 <h2>{_esc(_heading(rep))}</h2>
@@ -373,16 +383,21 @@ aria-label="expected and allocated bytes per strategy and KV-cache group">{chart
 
 
 def to_html(reports: list[Report], title: str | None = None, *, detail: str = "layers",
-            width: int = TABLE_WIDTH) -> str:
-    """One standalone HTML page (no script, no external asset): per report (a pipeline stage, a cell of a check
-    matrix) its deployment, verdict with the meter's label, the bars of each strategy and KV-cache group, and the
-    tables ``render_tables(rep, detail)`` prints, exported by rich with inline styles at ``width`` columns."""
+            width: int = TABLE_WIDTH, lead: str | None = None, preface: list[Any] = ()) -> str:
+    """One standalone HTML page (no script, no external asset): per report (a pipeline stage, a deployment of a
+    check matrix) its deployment, verdict with the meter's label, the bars of each strategy and KV-cache group,
+    and the tables ``render_tables(rep, detail)`` prints, exported by rich with inline styles at ``width``
+    columns. ``lead`` replaces the line under the title (the overall verdict), ``preface`` (rich renderables,
+    such as the check's matrix with each cell's expected outcome) comes before the reports."""
     title = title if title is not None else _default_title(reports)
     overall = max((r.exit_code for r in reports), default=0)
     words = {0: "PASS", 1: "FAIL", 3: "NOT MEASURED"}
     sections = "\n".join(_html_section(rep, i, detail, width) for i, rep in enumerate(reports))
-    lead = (f"{len(reports)} report{'s' if len(reports) != 1 else ''} · overall {words.get(overall, overall)} "
-            f"(exit code {overall}) · kvaudit {__version__}")
+    if preface:
+        sections = f'<section class="report">{_html_tables(_recorded(list(preface), width))}</section>\n' + sections
+    lead = lead if lead is not None else (
+        f"{len(reports)} report{'s' if len(reports) != 1 else ''} · overall {words.get(overall, overall)} "
+        f"(exit code {overall}) · kvaudit {__version__}")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
