@@ -90,3 +90,35 @@ def test_triage_reads_the_report_and_says_the_audit_did_not_run(kvaudit_exe):
     assert "### kvaudit triage: allocation-matches-plan" in p.stdout
     assert "memory profiling" in p.stdout and "kvaudit did not audit the allocator: vLLM is not installed" in p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: the audit step did not run: vLLM is not installed")
+
+
+OLD_TYPER = ("typer==0.15.4", "click==8.1.8")
+"""A typer from before it vendored click (0.15, with click 8.1): the CLI then maps click's own exceptions."""
+
+
+@pytest.fixture(scope="module")
+def old_typer_exe(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("old-typer")
+    venv.create(tmp / "env", with_pip=True)
+    py = tmp / "env/bin/python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", *OLD_TYPER, "rich"], check=True, capture_output=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True, capture_output=True)
+    return tmp / "env/bin/kvaudit"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bogus"], "No such option: --bogus"), (["qwen3-next", "--util"], "Option '--util' requires an argument"),
+    (["qwen3-next", "--util", "abc"], "qwen3-next: Invalid value for '--util'"),
+    (["triage"], "triage: Missing argument"), (["nosuch"], "unknown preset or command 'nosuch'"),
+])
+def test_usage_errors_are_one_line_with_a_typer_that_depends_on_click(old_typer_exe, args, message):
+    p = _kvaudit(old_typer_exe, *args)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("kvaudit: error: ") and message in lines[0]
+
+
+def test_help_and_compare_with_a_typer_that_depends_on_click(old_typer_exe):
+    assert _kvaudit(old_typer_exe, "--help").returncode == 0
+    saved = ROOT / "fixtures/reports/compare"
+    p = _kvaudit(old_typer_exe, "compare", saved / "qwen3-next-util0.7-meta.json", saved / "qwen3-next-util0.7-meta.json")
+    assert p.returncode == 0 and "no regression" in p.stderr
