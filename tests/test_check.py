@@ -55,6 +55,14 @@ POLICY_ERRORS = [
     ("[[model]]\nname = 'qwen3-next'\nwhy = 3\n", 3, "'why' in [[model]] must be a string or a table, got an integer"),
     ("[[model]]\nname = 'qwen3-next'\nmeter = 'meta'\nstrategies = ['vllm', 'ascend-9']\n", 1,
      "unknown strategy 'ascend-9'"),
+    ("[[model]]\nname = 'llama-3.1-8b'\nstrategies = ['vllm']\n[[model]]\nname = 'qwen3-next'\n"
+     "strategies = ['ascend-9']\n", 4, "unknown strategy 'ascend-9'"),
+    ("[[model]]\nname = 'llama-3.1-8b'\n\n[[model]]\ntp = 2\n", 4, "exactly one of name = PRESET or config = PATH"),
+    ("check = 3\n[[model]]\nname = 'qwen3-next'\n", 1, "'check' must be a table: [check]"),
+    ("[check]\nmeter = 'meta'\n[model]\nname = 'qwen3-next'\n", 3, "at least one [[model]] entry"),
+    ("[[model]]\nname = 'qwen3-next'\nwhy = { 'ascend-0.11' = 4 }\n", 3, "'why.ascend-0.11' must be a string, got 4"),
+    ("[[model]]\nname = 'qwen3-next'\nwhy = { 'vllm-ascend' = 'x' }\n", 3,
+     "'why' names strategy 'vllm-ascend', which this entry does not run"),
 ]
 
 
@@ -72,6 +80,46 @@ def test_every_policy_error_is_one_line_with_its_line_and_exit_2(text, line, mes
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1, err
     assert lines[0].startswith(f"kvaudit: error: {policy}:{line}: ") and message in lines[0], lines[0]
+
+
+def test_a_policy_expands_into_its_cells(tmp_path):
+    from kvaudit.policy import load_policy
+
+    (tmp_path / "models/llama").mkdir(parents=True)
+    (tmp_path / "models/llama/config.json").write_text("{}")
+    policy = _policy(tmp_path, """
+        [check]
+        meter = "cpu"
+        tolerance = 0.01
+        strategies = ["vllm", "ascend-0.11"]
+        expect = "fail"
+
+        [[model]]
+        name = "qwen3-next"
+        util = [0.7, 0.9]
+        kv_transfer = [false, true]
+        num_blocks = 16
+        expect = { "vllm" = "pass" }
+        why = { "ascend-0.11" = "#3368" }
+
+        [[model]]
+        config = "models/llama"
+        strategies = ["ascend-0.16"]
+        tolerance = 0.02
+        meter = "meta"
+        why = "dense"
+        """)
+    cells = load_policy(policy, ("vllm",)).cells
+    assert [(c.model, c.label, c.strategy, c.expect, c.why, c.meter, c.tolerance, c.line) for c in cells] == [
+        ("qwen3-next", f"qwen3-next util={u} kv_transfer={k} num_blocks=16", s, e, w, "cpu", 0.01, 8)
+        for u in (0.7, 0.9) for k in ("false", "true")
+        for s, e, w in (("vllm", "pass", ""), ("ascend-0.11", "fail", "#3368"))] + [
+        ("models/llama", "models/llama", "ascend-0.16", "fail", "dense", "meta", 0.02, 16)]
+    assert cells[0].preset == "qwen3-next" and cells[0].config is None
+    assert cells[-1].preset is None and cells[-1].config == str((tmp_path / "models/llama").resolve())
+    assert cells[0].options == (("util", 0.7), ("kv_transfer", False), ("num_blocks", 16))
+    # the two strategies of one deployment share it; each combination of the axes is a deployment of its own
+    assert len({c.deployment_key for c in cells}) == 5 and cells[0].deployment_key == cells[1].deployment_key
 
 
 def test_a_missing_policy_file_is_exit_2(tmp_path, capsys, monkeypatch):
