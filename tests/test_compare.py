@@ -303,6 +303,11 @@ def test_a_strategy_not_audited_in_one_report_says_why():
     assert s.notes == ("not audited in the new report: the plan interleaves its layers",)
     both = C.compare(saved(new), saved(new))
     assert strategy(both, "ascend-0.12").status is C.Status.NOT_AUDITED and both.exit_code == 0
+    back = strategy(C.compare(saved(new), saved(base)), "ascend-0.12")  # audited again: added, with why it was not
+    assert back.status is C.Status.ADDED and back.notes == (
+        "not audited in the old report: the plan interleaves its layers",)
+    assert back.total.old is None and back.total.new.allocated == audit_of(base, "ascend-0.12")["allocated_bytes"]
+    assert all(x.status is C.Status.ADDED and x.old is None for x in back.rows())
 
 
 def test_groups_and_layers_only_in_one_report_are_listed_not_regressions():
@@ -358,6 +363,12 @@ def test_a_single_stage_report_against_a_pipeline_one():
     assert c.exit_code == 0
     line = C.summary_line(c)
     assert "only in the new report: stage 1" in line and "only in the old report: stage 0 vllm, stage 0 ascend-0.11" in line
+    added = [s for rank, s in c.strategies if rank == 1]
+    assert [s.strategy for s in added] == ["ascend-0.12", "ascend-0.16"]  # the new report's stage 1 strategies
+    assert all(s.status is C.Status.ADDED and s.total.old is None and s.total.new.allocated > 0 for s in added)
+    back = C.compare(C.load_report(PP2), C.load_report(BASE))
+    assert [(st.pp_rank, st.status) for st in back.stages][1] == (1, C.Status.REMOVED)
+    assert all(s.total.new is None and s.total.old.allocated > 0 for rank, s in back.strategies if rank == 1)
 
 
 # ------------------------------------------------------------------------------------------ bad input
