@@ -204,7 +204,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                 raise fail("model", i, key, f"'{key}' is an empty list")
             for v in values:
                 if not _check_type(v, want):
-                    axis = f" or a list of them" if key in AXES else ""
+                    axis = " or a list of them" if key in AXES else ""
                     raise fail("model", i, key, f"'{key}' in [[model]] must be {_want_name(want)}{axis}, "
                                                 f"got {_kind(v)}")
         if ("name" in entry) == ("config" in entry):

@@ -434,7 +434,7 @@ def failure_message(r: AuditResult, handle: KVCachePlan) -> str:
     lines.append(f"  expected {fmt_bytes(r.expected_bytes)} ({r.expected_bytes:,} B), allocated "
                  f"{fmt_bytes(r.allocated_bytes)} ({r.allocated_bytes:,} B), ratio {r.ratio:.2f}×, tolerance "
                  f"{fmt_bytes(r.tolerance_bytes)} ({r.tolerance_bytes:,} B: {pct:g} % of the plan"
-                 + (f" + 2 MiB per planned tensor for KV transfer" if r.alignment_allowance_bytes else "") + ")")
+                 + (" + 2 MiB per planned tensor for KV transfer" if r.alignment_allowance_bytes else "") + ")")
     stage = f", PP {d.pp} rank {d.pp_rank}" if d.pp > 1 else ""
     lines.append(f"  deployment: {d.model.name}, TP {d.tp}{stage}, util {d.gpu_memory_utilization:g} of {d.device} "
                  f"({fmt_bytes(d.device_memory_bytes)}), {plan.num_blocks:,} blocks of {plan.block_size} tokens "
