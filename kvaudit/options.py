@@ -106,3 +106,17 @@ def value_type(name: str) -> Any:
 def deployment_option_names() -> tuple[str, ...]:
     """The options a policy entry or a marker may set (``vllm_python`` is the command line's alone)."""
     return tuple(o.name for o in DEPLOYMENT_OPTIONS if o.name != "vllm_python")
+
+
+def accepts(value: Any, want: Any) -> bool:
+    """Whether ``value`` (from a policy file or a pytest marker) is of the type(s) ``want`` (as ``value_type``
+    gives them; ``list`` is a list of non-empty strings). A bool is not a number, whatever Python says."""
+    if isinstance(want, tuple):
+        return any(accepts(value, w) for w in want)
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if want is list:
+        return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+    return isinstance(value, want)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import UsageError
+from kvaudit.options import accepts
 from kvaudit.results import DEFAULT_TOLERANCE
 
 if sys.version_info >= (3, 11):
@@ -88,18 +89,6 @@ def _text(value: Any) -> str:
 
 _NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list of strings",
           dict: "a table"}
-
-
-def _check_type(value: Any, want: Any) -> bool:
-    if isinstance(want, tuple):
-        return any(_check_type(value, w) for w in want)
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if want is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if want is list:
-        return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
-    return isinstance(value, want)
 
 
 def _want_name(want: Any) -> str:
@@ -184,7 +173,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
     for key, value in check.items():
         if key not in CHECK_KEYS:
             raise fail("check", 0, key, f"unknown key '{key}' in [check] (known: {', '.join(CHECK_KEYS)})")
-        if not _check_type(value, CHECK_KEYS[key]):
+        if not accepts(value, CHECK_KEYS[key]):
             raise fail("check", 0, key, f"'{key}' in [check] must be {_want_name(CHECK_KEYS[key])}, "
                                         f"got {_kind(value)}")
     defaults = {"meter": check.get("meter", "meta"), "tolerance": check.get("tolerance", DEFAULT_TOLERANCE),
@@ -203,7 +192,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
             if key in AXES and isinstance(value, list) and not value:
                 raise fail("model", i, key, f"'{key}' is an empty list")
             for v in values:
-                if not _check_type(v, want):
+                if not accepts(v, want):
                     axis = " or a list of them" if key in AXES else ""
                     raise fail("model", i, key, f"'{key}' in [[model]] must be {_want_name(want)}{axis}, "
                                                 f"got {_kind(v)}")

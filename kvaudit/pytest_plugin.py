@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 
 from kvaudit.errors import KvauditError, MeterUnavailable, UsageError
-from kvaudit.options import deployment_option_names, value_type
+from kvaudit.options import accepts, deployment_option_names, value_type
 from kvaudit.results import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:  # torch and vLLM are imported only when a test asks for a plan
@@ -30,12 +30,13 @@ DEFAULT_PERCENT = DEFAULT_TOLERANCE * 100
 _INT, _NUMBER, _BOOL, _STR, _SIZE, _DICT = "an integer", "a number", "True or False", "a string", \
     "a size (bytes, or text such as '80GiB')", "a dict (or its JSON)"
 _KINDS = {int: _INT, float: _NUMBER, bool: _BOOL, str: _STR, (str, int): _SIZE, (str, dict): _DICT}
-DEPLOYMENT_OPTIONS: dict[str, str] = {name: _KINDS[value_type(name)] for name in deployment_option_names()}
+"""How a message names each type ``kvaudit.options.value_type`` gives."""
+DEPLOYMENT_OPTIONS: dict[str, Any] = {name: value_type(name) for name in deployment_option_names()}
 """The deployment keywords (kvaudit's command-line options, ``--`` dropped and ``-`` as ``_``, declared in
 ``kvaudit.options``) and their types."""
-OPTIONS: dict[str, str] = {"percent": _NUMBER, "model": "a preset name or a config path", "meter": _STR,
-                           "device_index": _INT, "platform": _STR, **DEPLOYMENT_OPTIONS}
-"""Every keyword of the marker and of ``kvaudit_audit``."""
+OPTIONS: dict[str, Any] = {"percent": float, "model": None, "meter": str, "device_index": int, "platform": str,
+                           **DEPLOYMENT_OPTIONS}
+"""Every keyword of the marker and of ``kvaudit_audit``, and its type (``model``: a preset name or a path)."""
 
 _SESSION = pytest.StashKey["_Session"]()
 _HANDLE = pytest.StashKey["KVCachePlan"]()
@@ -73,20 +74,6 @@ def _call_text(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}({', '.join([*(repr(a) for a in args), *(f'{k}={v!r}' for k, v in kwargs.items())])})"
 
 
-def _is(value: Any, kind: str) -> bool:
-    if kind == _INT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == _NUMBER:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == _BOOL:
-        return isinstance(value, bool)
-    if kind == _SIZE:
-        return isinstance(value, (int, str)) and not isinstance(value, bool)
-    if kind == _DICT:
-        return isinstance(value, (dict, str))
-    return isinstance(value, str)
-
-
 def _kind(value: Any) -> str:
     return {bool: "a bool", int: "an int", float: "a float", str: "a string", dict: "a dict",
             list: "a list", tuple: "a tuple"}.get(type(value), type(value).__name__)
@@ -117,8 +104,8 @@ def parse_options(args: tuple, kwargs: dict, base: Path, what: str = MARKER) -> 
             near = difflib.get_close_matches(key, list(OPTIONS), n=1)
             raise bad(f"unknown keyword {key!r}" + (f" (did you mean {near[0]!r}?)" if near else
                                                     f" (known: {', '.join(OPTIONS)})"))
-        if key != "model" and value is not None and not _is(value, OPTIONS[key]):
-            raise bad(f"{key} must be {OPTIONS[key]}, got {_kind(value)} {value!r}")
+        if key != "model" and value is not None and not accepts(value, OPTIONS[key]):
+            raise bad(f"{key} must be {_KINDS[OPTIONS[key]]}, got {_kind(value)} {value!r}")
     percent = kw.pop("percent", None)
     percent = DEFAULT_PERCENT if percent is None else percent
     if not (math.isfinite(percent) and 0 <= percent < 100):

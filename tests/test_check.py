@@ -36,6 +36,8 @@ POLICY_ERRORS = [
     ("[[model]]\nname = 'qwen3-next'\ntp = '4'\n", 3, "'tp' in [[model]] must be an integer or a list of them, "
                                                         "got a string"),
     ("[[model]]\nname = 'qwen3-next'\nutil = [0.7, 'high']\n", 3, "'util' in [[model]] must be a number"),
+    ("[[model]]\nname = 'qwen3-next'\ntp = true\n", 3, "'tp' in [[model]] must be an integer or a list of them, "
+                                                         "got a boolean"),
     ("[[model]]\nname = 'qwen3-next'\nutil = []\n", 3, "'util' is an empty list"),
     ("[[model]]\nname = 'qwen3-next'\nkv_transfer = 'yes'\n", 3,
      "'kv_transfer' in [[model]] must be true or false or a list of them, got a string"),
