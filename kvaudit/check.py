@@ -43,6 +43,15 @@ class CellResult:
         """The outcome is the one the policy pins."""
         return self.outcome == self.cell.expect
 
+    @property
+    def junit(self) -> str:
+        """What JUnit calls this cell: ``passed``; ``skipped`` when it fails or is not audited as pinned (as
+        pytest reports an xfail); ``failure`` for an unexpected verdict; ``error`` when its deployment was
+        refused or it could not be measured."""
+        if self.as_expected:
+            return "passed" if self.outcome == PASS else "skipped"
+        return "failure" if self.outcome in (PASS, FAIL) else "error"
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -65,6 +74,10 @@ class CheckResult:
         if any(r.outcome in (PASS, FAIL) for r in off):
             return 1
         return 3 if off else 0
+
+    def meter_of(self, r: CellResult) -> str:
+        """The meter that measured cell ``r`` (the policy's, when nothing was measured)."""
+        return self.reports[r.report].meter if r.report is not None else r.cell.meter
 
     def count(self, what: str) -> int:
         """Cells by ``pass``/``fail``/``not-audited``/``error``, or ``unexpected``/``expected-fail``."""
@@ -250,7 +263,7 @@ def to_dict(result: CheckResult) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION, "kvaudit_version": __version__, "policy": result.policy,
         "vllm_version": result.vllm_version, "seconds": round(result.seconds, 3),
         "cells": [{"model": r.cell.model, "options": dict(r.cell.options), "strategy": r.cell.strategy,
-                   "meter": result.reports[r.report].meter if r.report is not None else r.cell.meter,
+                   "meter": result.meter_of(r),
                    "tolerance": r.cell.tolerance, "expect": r.cell.expect, "why": r.cell.why, "line": r.cell.line,
                    "outcome": r.outcome, "as_expected": r.as_expected, "ratio": r.ratio,
                    "expected_bytes": r.expected_bytes, "allocated_bytes": r.allocated_bytes, "reason": r.reason,
@@ -276,14 +289,11 @@ def to_junit(result: CheckResult) -> str:
     from kvaudit.report import meter_label
     from kvaudit.units import fmt_bytes
 
-    failures = sum(not r.as_expected and r.outcome in (PASS, FAIL) for r in result.results)
-    errors = sum(not r.as_expected and r.outcome in (ERROR, NOT_AUDITED) for r in result.results)
-    skipped = result.count("expected-fail")
-    suites = ET.Element("testsuites", name="kvaudit check", tests=str(len(result.results)), failures=str(failures),
-                        errors=str(errors), skipped=str(skipped), time=f"{result.seconds:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name=f"kvaudit check {result.policy}", tests=str(len(result.results)),
-                          failures=str(failures), errors=str(errors), skipped=str(skipped),
-                          time=f"{result.seconds:.3f}")
+    kinds = [r.junit for r in result.results]
+    counts = {"tests": str(len(kinds)), "failures": str(kinds.count("failure")), "errors": str(kinds.count("error")),
+              "skipped": str(kinds.count("skipped")), "time": f"{result.seconds:.3f}"}
+    suites = ET.Element("testsuites", name="kvaudit check", **counts)
+    suite = ET.SubElement(suites, "testsuite", name=f"kvaudit check {result.policy}", **counts)
     props = ET.SubElement(suite, "properties")
     for name, value in (("kvaudit_version", __version__), ("vllm_version", str(result.vllm_version)),
                         ("meters", ", ".join(sorted({meter_label(rep.meter) for rep in result.reports})))):
@@ -291,7 +301,7 @@ def to_junit(result: CheckResult) -> str:
     for r in result.results:
         case = ET.SubElement(suite, "testcase", classname=f"kvaudit.{r.cell.label}", name=r.cell.strategy,
                              time=f"{r.seconds:.3f}")
-        meter = result.reports[r.report].meter if r.report is not None else r.cell.meter
+        meter = result.meter_of(r)
         figures = (f"allocated {fmt_bytes(r.allocated_bytes)} ({r.allocated_bytes:,} B) of {fmt_bytes(r.expected_bytes)} "
                    f"({r.expected_bytes:,} B) planned, {r.ratio:.2f}×"
                    if r.ratio is not None else "not measured")
@@ -299,14 +309,14 @@ def to_junit(result: CheckResult) -> str:
                   f"{r.cell.expect}; {figures}; meter {meter_label(meter)}; planned by vLLM {result.vllm_version}; "
                   f"tolerance {r.cell.tolerance:.2%}; policy line {r.cell.line}"
                   + (f"\n{r.reason}" if r.reason else "") + (f"\nwhy: {r.cell.why}" if r.cell.why else ""))
-        if r.as_expected and r.outcome != PASS:
+        if r.junit == "skipped":
             ET.SubElement(case, "skipped", type="expected-" + r.outcome,
                           message=f"expected {r.cell.expect}: {r.reason or r.cell.why}"[:500]).text = detail
-        elif not r.as_expected and r.outcome in (PASS, FAIL):
+        elif r.junit == "failure":
             message = (f"over-allocation: {r.reason}" if r.outcome == FAIL else
                        f"expected {r.cell.expect} but it passed: update the policy ({r.cell.why or 'no why given'})")
             ET.SubElement(case, "failure", type="unexpected-" + r.outcome, message=message[:500]).text = detail
-        elif not r.as_expected:
+        elif r.junit == "error":
             ET.SubElement(case, "error", type=r.outcome, message=r.reason[:500]).text = detail
         ET.SubElement(case, "system-out").text = detail
     ET.indent(suites)

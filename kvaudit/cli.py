@@ -210,10 +210,7 @@ def plan_command(a: Any) -> int:
     if Format(a.fmt) is Format.json:
         sys.stdout.write(report.plan_to_json(stages, vllm_version()) + "\n")
     else:
-        console = _console()
-        for renderable in report.render_plan(stages, vllm_version()):
-            console.print(renderable)
-            console.print()
+        _print(report.render_plan(stages, vllm_version()), gap=True)
     sys.stdout.flush()
     return 0
 
@@ -306,9 +303,7 @@ def check_command(a: Any) -> int:
     if Format(a.fmt) is Format.json:
         sys.stdout.write(check.to_json(result) + "\n")
     else:
-        console = _console()
-        for renderable in check.render(result):
-            console.print(renderable)
+        _print(check.render(result))
     sys.stdout.flush()
     if a.junit:
         _write(a.junit, check.to_junit(result))
@@ -328,9 +323,7 @@ def compare_command(a: Any) -> int:
     if Format(a.fmt) is Format.json:
         sys.stdout.write(compare.to_json(result) + "\n")
     else:
-        console = _console()
-        for renderable in compare.render(result, Detail(a.detail).value):
-            console.print(renderable)
+        _print(compare.render(result, Detail(a.detail).value))
     sys.stdout.flush()
     _note(compare.summary_line(result))
     return result.exit_code
@@ -356,6 +349,15 @@ def _console() -> Any:
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
+def _print(renderables: list[Any], gap: bool = False) -> None:
+    """Print rich renderables to stdout (a blank line after each with ``gap``)."""
+    console = _console()
+    for renderable in renderables:
+        console.print(renderable)
+        if gap:
+            console.print()
+
+
 def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
     """One report per pipeline stage: the JSON report (``{"stages": [...]}`` for several), or the tables."""
     from kvaudit import report
@@ -363,11 +365,7 @@ def _render(reports: list[Any], fmt: Format, detail: Detail) -> None:
     if fmt is Format.json:
         sys.stdout.write((report.to_json(reports[0]) if len(reports) == 1 else report.stages_to_json(reports)) + "\n")
     else:
-        console = _console()
-        for rep in reports:
-            for renderable in report.render_tables(rep, detail.value):
-                console.print(renderable)
-                console.print()
+        _print([r for rep in reports for r in report.render_tables(rep, detail.value)], gap=True)
     sys.stdout.flush()
     for rep in reports:
         _note(report.summary_line(rep))
