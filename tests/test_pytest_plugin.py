@@ -191,7 +191,11 @@ def test_an_allocator_error_keeps_its_own_traceback(project):
 def test_each_deployment_is_planned_once_per_session(project):
     """15 audits, 3 deployments (Qwen3-Next at util 0.9, Llama-3.1-8B, Qwen3-Next at 16 blocks); the
     deployment vLLM rejects (TP 3) is no plan."""
-    summary = project.stdout.split(" kvaudit ")[-1]
+    # kvaudit's section, up to the next one (pytest's short summary follows it; with CI set in the
+    # environment pytest does not cut its lines to the terminal's width, and they name kvaudit too)
+    section = re.search(r"^=+ kvaudit =+\n(.*?)(?=^=+ |\Z)", project.stdout, re.M | re.S)
+    assert section, project.stdout
+    summary = section[1]
     assert re.search(r"^FAIL +4\.00× .* meta +kvalloc_demo\.allocate_per_layer +"
                      r"tests/check_allocators\.py::test_per_layer_allocator$", summary, re.M), summary
     assert f"kvaudit: 15 audits against 3 deployments planned by vLLM {VLLM_VERSION} (each planned once per " \
