@@ -222,22 +222,23 @@ def _status(r: CellResult) -> str:
 
 def render(result: CheckResult) -> list[Any]:
     """The matrix as a rich table: one row per cell, then the counts."""
+    from rich.markup import escape as e
     from rich.table import Table
     from rich.text import Text
 
     from kvaudit.report import meter_label
 
     meters = sorted({result.reports[r.report].meter for r in result.results if r.report is not None})
-    table = Table(title=f"kvaudit check {result.policy}: planned by vLLM {result.vllm_version}; meter "
-                        f"{', '.join(meter_label(m) for m in meters) or 'none'}", title_justify="left")
+    table = Table(title=e(f"kvaudit check {result.policy}: planned by vLLM {result.vllm_version}; meter "
+                          f"{', '.join(meter_label(m) for m in meters) or 'none'}"), title_justify="left")
     for col in ("cell", "strategy", "outcome", "ratio", "result", "reason"):
         table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold")
     for r in result.results:
         style = "green" if r.as_expected else "bold red"
-        table.add_row(r.cell.label, r.cell.strategy, r.outcome.upper(),
+        table.add_row(e(r.cell.label), e(r.cell.strategy), r.outcome.upper(),
                       f"{r.ratio:.2f}×" if r.ratio is not None else "—", Text(_status(r), style=style),
-                      "" if r.outcome == PASS and r.as_expected else
-                      r.cell.why if r.as_expected and r.cell.why else r.reason)
+                      e("" if r.outcome == PASS and r.as_expected else
+                        r.cell.why if r.as_expected and r.cell.why else r.reason))
     return [table]
 
 

@@ -65,16 +65,17 @@ def plan_to_json(stages: list[PlanStage], vllm_version: str | None) -> str:
 
 def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
     """``kvaudit plan`` as tables: per stage, the deployment line, the plans with their capacity, safe utilization."""
+    from rich.markup import escape as e
     from rich.table import Table
     from rich.text import Text
 
-    out: list[Any] = [Text.from_markup(f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · "
-                                       "nothing allocated")]
+    out: list[Any] = [Text.from_markup(f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {e(str(vllm_version))}[/] "
+                                       "· nothing allocated")]
     for st in stages:
         d = st.deployment
         stage = f" · PP stage {d.pp_rank} of {d.pp}" if d.pp > 1 else ""
         out.append(Text.from_markup(
-            f"[bold]{d.model.name}[/] ({d.architecture}) · TP {d.tp}{stage} · {d.dtype} · kv-cache-dtype "
+            f"[bold]{e(d.model.name)}[/] ({e(str(d.architecture))}) · TP {d.tp}{stage} · {d.dtype} · kv-cache-dtype "
             f"{d.kv_cache_dtype} · max-model-len {d.max_model_len:,}\nweights {fmt_bytes(d.weights_bytes)} + other "
             f"{fmt_bytes(d.overhead_bytes)} on {fmt_bytes(d.device_memory_bytes)} at {d.gpu_memory_utilization} → "
             f"KV budget [bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B)"))
@@ -83,15 +84,15 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
             pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
         names = {name: [s for s, pl in st.strategies.items() if pl == name] for name in st.plans}
         for name, plan in st.plans.items():
-            pt.add_row(name, ", ".join(names[name]), str(plan.block_size), f"{plan.num_blocks:,}",
+            pt.add_row(e(name), e(", ".join(names[name])), str(plan.block_size), f"{plan.num_blocks:,}",
                        f"{fmt_bytes(plan.planned_bytes)}")
         out.append(pt)
         out.append(capacity_table(st.capacity, list(names.items())))
         if st.safe_utilization:
             out.append(Text.from_markup("highest gpu_memory_utilization that does not run out of device memory: " + ", ".join(
-                f"[bold]{s}[/] {'none' if u is None else f'{u:.3f}'}" for s, u in st.safe_utilization.items())))
+                f"[bold]{e(s)}[/] {'none' if u is None else f'{u:.3f}'}" for s, u in st.safe_utilization.items())))
         for s, why in st.refused.items():
-            out.append(Text.from_markup(f"[bold]{s}[/]: not planned: {why}"))
+            out.append(Text.from_markup(f"[bold]{e(s)}[/]: not planned: {e(why)}"))
     return out
 
 
@@ -182,13 +183,14 @@ def _plans(results: list[AuditResult]) -> list[tuple[KVPlan, list[str]]]:
 
 def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]:
     """Everything a person reads, top to bottom: deployment, plans, per-strategy detail, summary."""
+    from rich.markup import escape as e
     from rich.table import Table
     from rich.text import Text
 
     d, results, meter, vllm_version = rep.deployment, list(rep.audits), rep.meter, rep.vllm_version
     out: list[Any] = [Text.from_markup(
-        f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {vllm_version}[/] · meter: [bold]{meter_label(meter)}[/]"
-        + (f"\nmeasured on {rep.meter_device}" if rep.meter in ("cuda", "npu") else ""))]
+        f"[bold]kvaudit {__version__}[/] · plans by [bold]vLLM {e(str(vllm_version))}[/] · meter: "
+        f"[bold]{e(meter_label(meter))}[/]" + (f"\nmeasured on {e(str(rep.meter_device))}" if rep.meter in ("cuda", "npu") else ""))]
 
     dep = Table(title="Deployment (one rank)", title_justify="left", show_header=False, box=None, padding=(0, 2))
     dep.add_column(style="bold")
@@ -196,14 +198,14 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     m = d.model
     dev = DEVICES.get(d.device)
     kv_layers = len(results[0].plan.layer_specs) if results else 0
-    dep.add_row("model", f"{m.name} ({d.architecture or m.architecture}, {kv_layers} KV-cache layers on this rank) · "
+    dep.add_row("model", f"{e(m.name)} ({e(str(d.architecture or m.architecture))}, {kv_layers} KV-cache layers on this rank) · "
                          f"TP {d.tp}" + (f" · PP {d.pp} stage {d.pp_rank}" if d.pp > 1 else "")
                          + f" · {d.dtype} · kv-cache-dtype {d.kv_cache_dtype} · max-model-len {d.max_model_len}")
     dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
-                                 + (f", {dev.title}" if dev else ", --device-memory") + ")")
+                                 + (f", {e(dev.title)}" if dev else ", --device-memory") + ")")
     dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
                                           f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))}")
-    dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({d.weights_source})")
+    dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({e(d.weights_source)})")
     dep.add_row("other non-KV memory", f"{fmt_bytes(d.overhead_bytes)} (activations and non-torch "
                                        "allocations: an allowance, set with --overhead)")
     budget = ("--kv-cache-memory" if d.kv_cache_memory_bytes is not None
@@ -221,9 +223,9 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         if value is not None:
             extras.append(f"{flag} {value}")
     if extras:
-        dep.add_row("options", "; ".join(extras))
+        dep.add_row("options", e("; ".join(extras)))
     out.append(dep)
-    skipped = [f"[bold]{name}[/]: not audited: {reason}" for name, reason in rep.skipped]
+    skipped = [f"[bold]{e(name)}[/]: not audited: {e(reason)}" for name, reason in rep.skipped]
     if not results:
         out.append(Text.from_markup("\n".join("• " + n for n in skipped)))
         return out
@@ -236,7 +238,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
     for plan, names in plans:
         pages = sorted({g.page_size_bytes for g in plan.groups})
-        pt.add_row(plan.platform, ", ".join(names), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
+        pt.add_row(e(plan.platform), e(", ".join(names)), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
                    f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
     out.append(pt)
     if rep.capacity:
@@ -251,15 +253,15 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     gt.add_column("spec")
     gt.add_column("layers")
     for g in base.groups:
-        gt.add_row(str(g.index), g.spec_type, _layers_text(g.layer_names, limit=8))
+        gt.add_row(str(g.index), e(g.spec_type), e(_layers_text(g.layer_names, limit=8)))
     out.append(gt)
     tt = Table(title="Planned tensors and the layers that share each one (size in each plan)", title_justify="left")
     tt.add_column("tensor", justify="right")
     tt.add_column("shared by")
     for plan, _ in plans:
-        tt.add_column(plan.platform, justify="right")
+        tt.add_column(e(plan.platform), justify="right")
     for i, t in enumerate(base.tensors):
-        tt.add_row(str(i), _layers_text(t.shared_by),
+        tt.add_row(str(i), e(_layers_text(t.shared_by)),
                    *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
     out.append(tt)
 
@@ -272,6 +274,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
 
 def capacity_table(capacity: dict[str, Any], plans: list[tuple[str, Any]]) -> Any:
     """Per platform rule: what vLLM would log for the plan, the pool, Mamba slots, --kv-cache-memory."""
+    from rich.markup import escape as e
     from rich.table import Table
 
     t = Table(title="Capacity of each plan, as vLLM computes and logs it (get_kv_cache_capacity)", title_justify="left",
@@ -287,24 +290,26 @@ def capacity_table(capacity: dict[str, Any], plans: list[tuple[str, Any]]) -> An
             continue
         slots = "—" if c.mamba_slots is None else (f"{c.mamba_slots:,} for {c.max_num_seqs} seqs"
                                                     + (" [bold]SHORT[/]" if c.mamba_slots_short else ""))
-        t.add_row(platform, f"{c.tokens:,}", f"{c.max_concurrency:.2f}× @ {c.max_model_len:,}",
+        t.add_row(e(platform), f"{c.tokens:,}", f"{c.max_concurrency:.2f}× @ {c.max_model_len:,}",
                   f"{c.pool_tokens:,}", slots, str(c.kv_cache_memory_bytes))
     return t
 
 
 def _notes(results: list[AuditResult], d: Deployment, skipped: tuple[tuple[str, str], ...] = ()) -> list[Any]:
+    from rich.markup import escape as e
     from rich.text import Text
 
-    notes = [f"[bold]{r.strategy}[/]: {reason}" for r in results for reason in r.reasons]
-    notes += [f"[bold]{name}[/]: not audited: {reason}" for name, reason in skipped]
+    notes = [f"[bold]{e(r.strategy)}[/]: {e(reason)}" for r in results for reason in r.reasons]
+    notes += [f"[bold]{e(name)}[/]: not audited: {e(reason)}" for name, reason in skipped]
     notes += [_oom_note(r, d) for r in results if r.oom is not None]
-    notes += [f"[bold]{r.strategy}[/]: allocator rounding {fmt_bytes(r.rounding_bytes, signed=True)} (handed out "
+    notes += [f"[bold]{e(r.strategy)}[/]: allocator rounding {fmt_bytes(r.rounding_bytes, signed=True)} (handed out "
               f"{fmt_bytes(r.reading.allocated)} for {fmt_bytes(r.reading.requested or 0)} requested; not counted "
               "as the strategy's)" for r in results if r.rounding_bytes and r.meter in ("cuda", "npu")]
     return [Text.from_markup("\n".join("• " + n for n in notes))] if notes else []
 
 
 def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
+    from rich.markup import escape as e
     from rich.table import Table
 
     outcome = "out of memory" if r.device_oom else f"{r.ratio:.2f}×"
@@ -314,11 +319,11 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
         from rich.text import Text
 
         return [Text(f"{title}\n  no per-layer rows: the strategy ran out of memory before it returned its tensors")]
-    gt = Table(title=title, title_justify="left")
+    gt = Table(title=e(title), title_justify="left")
     for col in ("group", "spec", "layers", "expected", "allocated", "ratio"):
         gt.add_column(col, justify="left" if col == "spec" else "right")
     for g in r.groups:
-        gt.add_row(str(g.group), g.spec, str(g.layers), fmt_bytes(g.expected), fmt_bytes(g.allocated),
+        gt.add_row(str(g.group), e(g.spec), str(g.layers), fmt_bytes(g.expected), fmt_bytes(g.allocated),
                    _ratio(g.allocated, g.expected))
     tt = Table(show_edge=True)
     for col in ("tensor", "storages", "expected", "allocated", "ratio", "padding", "planned to be shared by"):
@@ -326,7 +331,7 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
     for t in r.tensors:
         tt.add_row(str(t.tensor), str(t.storages), fmt_bytes(t.expected), fmt_bytes(t.allocated),
                    _ratio(t.allocated, t.expected), fmt_bytes(t.padding) if t.padding else "—",
-                   _layers_text(t.shared_by))
+                   e(_layers_text(t.shared_by)))
     out: list[Any] = [gt, tt]
     if detail == "layers":
         lt = Table()
@@ -335,22 +340,23 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
             lt.add_column(col, justify="right" if col in ("group", "expected", "allocated", "ratio") else "left",
                           no_wrap=not col.endswith("with"))
         for row in r.layers:
-            shares = _ids(row.shares_with)
+            shares = e(_ids(row.shares_with))
             if set(row.shares_with) != set(row.planned_shares_with):
                 shares = f"[bold red]{shares}[/]"
-            lt.add_row(short_layer(row.layer), str(row.group), row.spec, fmt_bytes(row.expected),
+            lt.add_row(e(short_layer(row.layer)), str(row.group), e(row.spec), fmt_bytes(row.expected),
                        fmt_bytes(row.allocated), _ratio(row.allocated, row.expected), shares,
-                       _ids(row.planned_shares_with))
+                       e(_ids(row.planned_shares_with)))
         out.append(lt)
     return out
 
 
 def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] | None = None) -> Any:
+    from rich.markup import escape as e
     from rich.table import Table
 
     asked = results[0].requested_utilization if results else 0
     t = Table(title=f"Audit per strategy (projected device utilization vs the {asked} asked) · meter "
-                    f"{meter_label(meter)}", title_justify="left")
+                    f"{e(meter_label(meter))}", title_justify="left")
     cols = ["strategy", "release", "expected", "allocated", "ratio", "util", "OOM (deployment)"]
     cols += ["max util"] if safe else []
     for col in cols + ["verdict"]:
@@ -360,7 +366,7 @@ def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] 
         o = r.device_oom
         allocated = f"OOM at {o.allocation}/{o.allocations}" if o else fmt_bytes(r.allocated_bytes)
         ratio = "—" if o else _ratio(r.allocated_bytes, r.expected_bytes)
-        cells = [r.strategy, r.strategy_releases, fmt_bytes(r.expected_bytes), allocated, ratio,
+        cells = [e(r.strategy), e(r.strategy_releases), fmt_bytes(r.expected_bytes), allocated, ratio,
                  f"{r.projected_utilization:.3f}", _oom_text(r.oom, r.allocations)]
         if safe:
             u = safe.get(r.strategy)
@@ -370,11 +376,14 @@ def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] 
 
 
 def _oom_note(r: AuditResult, d: Deployment) -> str:
+    """The note on a projected out-of-memory point, as rich markup."""
+    from rich.markup import escape as e
+
     o = r.oom
     assert o is not None
     layers = ", ".join(o.layers) if o.layers else "no layer"
     where = f"tensor {o.tensor} ({layers})" if o.tensor is not None else layers
-    return (f"[bold]{r.strategy}[/] would run out of memory on a {fmt_bytes(d.device_memory_bytes)} device at "
-            f"allocation {o.allocation} of {r.allocations}: {fmt_bytes(o.request_bytes)} for {where}, with "
+    return (f"[bold]{e(r.strategy)}[/] would run out of memory on a {fmt_bytes(d.device_memory_bytes)} device at "
+            f"allocation {o.allocation} of {r.allocations}: {fmt_bytes(o.request_bytes)} for {e(where)}, with "
             f"{fmt_bytes(o.allocated_before_bytes)} of KV cache already allocated and "
             f"{fmt_bytes(o.free_bytes)} left after {fmt_bytes(d.non_kv_bytes)} of non-KV memory")

@@ -4,6 +4,7 @@ back by junitparser, the JSON matrix, progress lines, and the shipped example po
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -179,6 +180,33 @@ def test_a_cell_expected_to_fail_keeps_the_job_green_and_is_reported_skipped(tmp
     assert skipped.type == "expected-fail" and "expected fail" in skipped.message
     assert "4.00×" in skipped.text and "vllm-ascend #3368" in skipped.text and "meter meta (accounting" in skipped.text
     assert err.strip().splitlines()[-1].startswith("kvaudit check: OK: 2 of 2 cells as expected")
+
+
+def test_text_from_the_policy_and_the_paths_is_printed_as_written_not_read_as_markup(tmp_path, capsys, monkeypatch):
+    """rich reads ``[...]`` as a style: a why or a folder name with brackets once vanished from the tables,
+    and a ``[/...]`` stopped the command with a MarkupError."""
+    (tmp_path / "[bold]llama").mkdir()
+    shutil.copy(ROOT / "fixtures/configs/llama-3.1-8b/config.json", tmp_path / "[bold]llama")
+    policy = _policy(tmp_path, """
+        [check]
+        meter = "meta"
+        strategies = ["ascend-0.11"]
+
+        [[model]]
+        name = "qwen3-next"
+        util = 0.7
+        expect = "fail"
+        why = "a buffer per layer [vllm-ascend#3368] [/fixed by #6887]"
+
+        [[model]]
+        config = "[bold]llama"
+        """)
+    monkeypatch.setenv("COLUMNS", "250")  # the reason column folds text on a narrower table
+    code, out, err = _check([str(policy), "--html", str(tmp_path / "c.html")], capsys)
+    assert code == 0, err
+    assert "a buffer per layer [vllm-ascend#3368] [/fixed by #6887]" in out and "[bold]llama" in out
+    page = (tmp_path / "c.html").read_text(encoding="utf-8")
+    assert "[vllm-ascend#3368]" in page and "[bold]llama (LlamaForCausalLM, 32 KV-cache layers" in page
 
 
 def test_an_unexpected_failure_fails_the_job_with_its_reasons(tmp_path, capsys):
