@@ -381,7 +381,7 @@ def _write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
 
     detail = Detail(getattr(a, "detail", Detail.layers)).value
     for path, text in ((a.html, page.to_html(reports, detail=detail, **page_options) if a.html else ""),
-                       (a.svg, page.to_svg(reports, detail=detail) if a.svg else "")):
+                       (a.svg, page.to_svg(reports, detail=detail, **page_options) if a.svg else "")):
         if path:
             _write(path, text)
 

@@ -443,11 +443,10 @@ xmlns="http://www.w3.org/2000/svg">
 """rich's ``CONSOLE_SVG_FORMAT`` without its web fonts (the page must render offline), with a size."""
 
 
-def _tables_svg(rep: Report, index: int, detail: str, width: int) -> tuple[str, float, float]:
-    """rich's SVG of the tables, and its width and height."""
-    svg = _console(rep, detail, width).export_svg(
-        title="the tables, as the terminal shows them", theme=_table_theme(), code_format=_RICH_SVG,
-        font_aspect_ratio=0.602, unique_id=f"kvaudit-tables-{index}")
+def _tables_svg(console: Any, unique_id: str, title: str) -> tuple[str, float, float]:
+    """rich's SVG of what a recording console holds, and its width and height."""
+    svg = console.export_svg(title=title, theme=_table_theme(), code_format=_RICH_SVG, font_aspect_ratio=0.602,
+                             unique_id=unique_id)
     m = re.search(r'viewBox="0 0 ([0-9.]+) ([0-9.]+)"', svg)
     assert m, "rich's SVG has no viewBox"
     return svg, float(m.group(1)), float(m.group(2))
@@ -483,27 +482,40 @@ def _svg_header(rep: Report, y: float) -> tuple[str, float]:
     return "".join(parts), y + banner_h + 18
 
 
-def to_svg(reports: list[Report], *, detail: str = "layers", width: int = TABLE_WIDTH) -> str:
+def to_svg(reports: list[Report], title: str | None = None, *, detail: str = "layers", width: int = TABLE_WIDTH,
+           lead: str | None = None, preface: list[Any] = ()) -> str:
     """One standalone SVG document: per report its heading, verdict with the meter's label, the bars, and the
-    tables as rich exports them (nested, scaled to the chart's width)."""
+    tables as rich exports them (nested, scaled to the chart's width). ``title``, ``lead`` (a line under the
+    title) and ``preface`` (rich renderables before the reports, as the check's matrix) as for ``to_html``."""
     margin = 28
     parts: list[str] = []
-    title = _default_title(reports)
+    title = title if title is not None else _default_title(reports)
     y = float(margin)
     parts.append(f'<g transform="translate({margin}, 0)">' + _text(0, y + 20, title, 24, "#212529", "bold") + "</g>")
     y += 40
+    if lead:
+        text, h = _wrapped(0, y, lead, 14, "#343a40", 130)
+        parts.append(f'<g class="lead" transform="translate({margin}, 0)">{text}</g>')
+        y += h + 12
+
+    def tables(console: Any, unique_id: str, heading: str) -> None:
+        nonlocal y
+        svg, tw, th = _tables_svg(console, unique_id, heading)
+        s = CHART_WIDTH / tw
+        parts.append(f'<rect x="{margin}" y="{y:g}" width="{CHART_WIDTH}" height="{th * s:.2f}" rx="8" fill="#ffffff" '
+                     'stroke="#dee2e6"/>')
+        parts.append(f'<g class="tables" transform="translate({margin}, {y:g}) scale({s:.6f})">{svg}</g>')
+        y += th * s + 36
+
+    if preface:
+        tables(_recorded(list(preface), width), "kvaudit-preface", "the matrix, as the terminal shows it")
     for i, rep in enumerate(reports):
         header, h = _svg_header(rep, 0)
         parts.append(f'<g class="report" transform="translate({margin}, {y:g})">{header}')
         chart = _chart(rep)
         parts.append(f'<g class="chart" transform="translate(0, {h + 8:g})">{chart.body}</g></g>')
         y += h + 8 + chart.height + 10
-        tables, tw, th = _tables_svg(rep, i, detail, width)
-        s = CHART_WIDTH / tw
-        parts.append(f'<rect x="{margin}" y="{y:g}" width="{CHART_WIDTH}" height="{th * s:.2f}" rx="8" fill="#ffffff" '
-                     'stroke="#dee2e6"/>')
-        parts.append(f'<g class="tables" transform="translate({margin}, {y:g}) scale({s:.6f})">{tables}</g>')
-        y += th * s + 36
+        tables(_console(rep, detail, width), f"kvaudit-tables-{i}", "the tables, as the terminal shows them")
     total_w = CHART_WIDTH + 2 * margin
     total_h = math.ceil(y)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -164,14 +165,19 @@ def _kind(case):
 
 def test_a_cell_expected_to_fail_keeps_the_job_green_and_is_reported_skipped(tmp_path, capsys):
     policy = _policy(tmp_path, QWEN.format(expect='expect = { "ascend-0.11" = "fail" }\nwhy = "vllm-ascend #3368"'))
-    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml"), "--html", str(tmp_path / "c.html")],
-                            capsys)
+    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml"), "--html", str(tmp_path / "c.html"),
+                             "--svg", str(tmp_path / "c.svg")], capsys)
     assert code == 0, err
     assert "ok (expected fail)" in out and "4.00×" in out and "vllm-ascend #3368" in out
     # the page leads with the check's verdict and its matrix (a pinned FAIL reads as expected), then the report
     page = (tmp_path / "c.html").read_text(encoding="utf-8")
     assert "<h1>kvaudit check " in page and "OK: 2 of 2 cells as expected" in page
     assert page.index("ok (expected fail)") < page.index("FAIL · meta")
+    # and so does the SVG: its title, the verdict line, the matrix (rich writes its spaces as &#160;), the report
+    svg = (tmp_path / "c.svg").read_text(encoding="utf-8")
+    ET.fromstring(svg)
+    assert "<title>kvaudit check " in svg and ">OK: 2 of 2 cells as expected" in svg
+    assert svg.index("ok&#160;(expected&#160;fail)") < svg.index('<g class="report"')
     suite, cases = _junit(tmp_path / "j.xml")
     assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (2, 0, 0, 1)
     by_name = {c.name: c for c in cases}
