@@ -11,6 +11,7 @@ from typing import Any
 
 from kvaudit import __version__
 from kvaudit.errors import EXIT_FAIL, EXIT_PASS, UsageError
+from kvaudit.jsonfile import read_json
 from kvaudit.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from kvaudit.report import short_layer
 from kvaudit.results import DEFAULT_TOLERANCE, Verdict, exceeds_plan, tolerance_bytes
@@ -43,26 +44,7 @@ class SavedReport:
 
 def load_report(path: str | Path) -> SavedReport:
     """Read a saved audit report; anything else raises ``UsageError`` with a one-line message naming the file."""
-    name = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{name}: no such file ({_HOW})") from None
-    except IsADirectoryError:
-        raise UsageError(f"{name}: a directory, not a report file ({_HOW})") from None
-    except OSError as e:
-        raise UsageError(f"{name}: cannot be read: {e.strerror or e}") from None
-    if not raw.strip():
-        raise UsageError(f"{name}: empty file, not a kvaudit report ({_HOW})")
-    try:
-        data = json.loads(raw)
-    except UnicodeDecodeError:
-        raise UsageError(f"{name}: not JSON (not UTF-8 text; {_HOW})") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{name}: not JSON ({e.msg} at line {e.lineno} column {e.colno}; {_HOW})") from None
-    except RecursionError:
-        raise UsageError(f"{name}: not a kvaudit report (JSON nested too deeply)") from None
-    return parse_report(data, name)
+    return parse_report(read_json(path, "kvaudit report", _HOW), str(path))
 
 
 def parse_report(data: Any, name: str) -> SavedReport:

@@ -23,13 +23,12 @@ from kvaudit import __version__
 from kvaudit.capacity import Capacity
 from kvaudit.deployment import Deployment
 from kvaudit.errors import ConfigError, NotAuditable, UsageError
+from kvaudit.jsonfile import read_json
 from kvaudit.results import GroupPlan, KVPlan, PlanStage, TensorPlan
 from kvaudit.spec import ModelSpec
 
 FORMAT = "kvaudit-plan"
 FORMAT_VERSION = 1
-MAX_BYTES = 64 << 20
-"""A plan file larger than this is refused (a plan of thousands of layers is well under 1 MiB)."""
 
 
 # --- vLLM's objects as data --------------------------------------------------------------------------
@@ -220,16 +219,7 @@ def _capacity(d: dict) -> Capacity:
 def load(path: str | Path) -> SavedPlans:
     """Read a plan file; anything that is not one is a one-line ``ConfigError`` (exit 2)."""
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"plan file not found: {p}")
-    if p.stat().st_size > MAX_BYTES:
-        raise ConfigError(f"{p} is larger than {MAX_BYTES >> 20} MiB: not a kvaudit plan file")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p} is not a kvaudit plan file (not UTF-8 text)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    doc = read_json(path, "kvaudit plan file", "write one with: kvaudit plan MODEL --save FILE")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"{p} is not a kvaudit plan file (write one with: kvaudit plan MODEL --save {p.name})")
     if doc.get("format_version") != FORMAT_VERSION:

@@ -431,6 +431,18 @@ def test_a_missing_file_or_a_directory_is_a_usage_error_naming_it(tmp_path):
         assert e.value.message.startswith(f"{path}: {why}") and e.value.exit_code == 2
 
 
+def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    import kvaudit.jsonfile
+
+    path = _write(tmp_path, "big.json", BASE.read_text())
+    monkeypatch.setattr(kvaudit.jsonfile, "MAX_BYTES", path.stat().st_size - 1)
+    with pytest.raises(UsageError) as e:
+        C.load_report(path)
+    assert e.value.message.startswith(f"{path}: larger than {path.stat().st_size - 1:,} B, not a kvaudit report")
+    monkeypatch.setattr(kvaudit.jsonfile, "MAX_BYTES", path.stat().st_size)
+    assert C.load_report(path)
+
+
 # ------------------------------------------------------------------------------------------ output
 
 

@@ -160,8 +160,9 @@ def test_release_code_needs_the_live_plan(saved, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "plan file not found"),
-    ("{", "is not valid JSON (line 1"),
+    (None, "x.plan.json: no such file (write one with: kvaudit plan MODEL --save FILE)"),
+    ("{", "x.plan.json: not JSON (Expecting property name enclosed in double quotes at line 1 column 2;"),
+    ("", "x.plan.json: empty file, not a kvaudit plan file"),
     ('{"format": "kvaudit-report"}', "is not a kvaudit plan file"),
     ('{"format": "kvaudit-plan", "format_version": 99}', "is plan format 99"),
     ('{"format": "kvaudit-plan", "format_version": 1, "stages": [{"plans": {}}]}', "entry 'deployment' is missing"),
