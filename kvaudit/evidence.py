@@ -171,7 +171,7 @@ _IMAGE_VLLM = re.compile(rf"vllm-openai:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE
 _GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|ver\.?)*"
 _PROSE_ASCEND = re.compile(rf"vllm[-_ ]?ascend{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend){_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
-_BARE_VERSION = re.compile(rf"(?<![\w.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:rc[0-9]+)?(?:\.post[0-9]+)?)(?![\w.])")
+_BARE_VERSION = re.compile(r"(?<![\w.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:rc[0-9]+)?(?:\.post[0-9]+)?)(?![\w.])")
 
 _ENGINE = re.compile(r"(?:Initializing an? (?:V[01] )?LLM engine|Dumping input data for V1 LLM engine).*with config:")
 _ENGINE_KEYS = {

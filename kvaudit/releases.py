@@ -223,24 +223,79 @@ def _attention_groups(plan: KVPlan) -> list[list[Any]]:
     return out
 
 
-_BUILT = {"vllm_ascend._build_info": {"__soc_version__": os.environ.get("SOC_VERSION", SOC_VERSION)}}
-"""What vllm-ascend's build writes (``vllm_ascend/_build_info.py``) for the chip kvaudit names when it
-fetches a release: code that asks which chip it was built for (0.24+: FA quantization is for A5 only)
-gets that answer, an Atlas A2 (``SOC_VERSION``, ascend910b1 unless set)."""
+BUILD_INFO = "vllm_ascend._build_info"
 
 
-def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: bool) -> RawTensors:
+def build_info(tree: SourceTree, soc_version: str | None = None) -> dict[str, dict[str, Any]]:
+    """What the tree's own build writes as ``vllm_ascend/_build_info.py`` for the chip ``soc_version``
+    (``$SOC_VERSION``, else ascend910b1: an Atlas A2), as the known contents of that module: its setup.py's
+    code (``gen_build_info``, 0.12+; ``custom_build_info.run`` before) run against its own
+    ``vllm_ascend/envs.py`` into a temporary folder. 0.13+ write ``__device_type__`` (``A2`` for the 910B
+    chips), 0.11 ``__soc_version__``; allocation code that asks which chip it was built for (FA quantization
+    is for A5 only) gets the answer a build for that chip gives. Empty where the tree has no such code or it
+    does not run here (code that then reads the module stops, naming it)."""
+    soc = soc_version or os.environ.get("SOC_VERSION") or SOC_VERSION
+    setup = tree.read("setup.py")
+    if setup is None:
+        return {}
+    import ast
+    import builtins
+    import logging
+    import types
+
+    mod = ast.parse(setup)
+    loads: dict[str, str] = {}  # envs (and from 0.27 hardware) = load_module_from_path(NAME, os.path.join(ROOT_DIR, ...))
+    for st in mod.body:
+        call = st.value if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "load_module_from_path" \
+                and len(call.args) == 2 and isinstance(join := call.args[1], ast.Call) and join.args \
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in join.args[1:]):
+            loads[st.targets[0].id] = "/".join(a.value for a in join.args[1:])  # type: ignore[attr-defined]
+    fn = next((n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == "gen_build_info"), None)
+    if fn is None:  # before 0.12: a build_py command's run(self), which ends by calling super().run()
+        cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "custom_build_info"), None)
+        fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "run"), None) if cls else None
+        if fn is None:
+            return {}
+        fn.body = [st for st in fn.body if "super" not in {n.id for n in ast.walk(st) if isinstance(n, ast.Name)}]
+    fn.decorator_list, fn.name = [], "kvaudit_build_info"
+    saved = os.environ.get("SOC_VERSION")
+    os.environ["SOC_VERSION"] = soc
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            namespace: dict[str, Any] = {"__builtins__": builtins, "os": os, "logging": logging, "ROOT_DIR": root}
+            for name, rel in loads.items():
+                module = namespace[name] = types.ModuleType(f"kvaudit_setup_{name}")
+                exec(compile(tree.read(rel) or "", f"{tree.label}:{rel}", "exec"), module.__dict__)
+            (Path(root) / "vllm_ascend").mkdir()
+            exec(compile(ast.Module(body=[fn], type_ignores=[]), f"{tree.label}:setup.py", "exec"), namespace)
+            namespace["kvaudit_build_info"](*([None] if fn.args.args else []))
+            written: dict[str, Any] = {}
+            exec((Path(root) / "vllm_ascend" / "_build_info.py").read_text(), {}, written)
+    except Exception:  # its build refuses this chip, or needs what is not here: the module stays unknown
+        return {}
+    finally:
+        if saved is None:
+            os.environ.pop("SOC_VERSION", None)
+        else:
+            os.environ["SOC_VERSION"] = saved
+    return {BUILD_INFO: {k: v for k, v in written.items() if k.startswith("__")}}
+
+
+def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: bool,
+                       built: dict[str, dict[str, Any]] | None = None) -> RawTensors:
     """Run extracted vllm-ascend (or vLLM <= 0.28) allocation code against ``plan``, in the format it
     reads: vLLM's own ``KVCacheConfig`` for code that reads ``KVCacheTensor.layer_stride`` (vllm-ascend
-    0.28+), else the ``shared_by`` view."""
+    0.28+), else the ``shared_by`` view. ``built``: the modules its build writes (``build_info``), for code
+    whose package is not installed here."""
     plan.require_live(code.label)
     attributes, methods = stand_in_runner(plan, device, kv_transfer)
     if code.reads_layer_strides:
         if plan.plan_format != "layers":
             raise StrategyFailed(f"{code.label}'s allocation code reads vLLM's KVCacheTensor.layers / layer_stride "
                                  f"(vLLM 0.29+); this plan was made by a vLLM that plans in the shared_by format")
-        return code.call(plan.kv_cache_config, attributes, methods, _BUILT)
-    return code.call(plan.shared_by_config(), attributes, methods, _BUILT)
+        return code.call(plan.kv_cache_config, attributes, methods, built)
+    return code.call(plan.shared_by_config(), attributes, methods, built)
 
 
 def release_strategy(version: str) -> Strategy:
@@ -264,7 +319,7 @@ def release_strategy(version: str) -> Strategy:
 
         return Strategy(f"{PACKAGE}=={version}", "not runnable here", platform_for(version), label, refuse)
     return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code,
-                          pinned_vllm(tree))
+                          pinned_vllm(tree), build_info(tree))
 
 
 def checkout_strategy(path: str) -> Strategy:
@@ -281,7 +336,8 @@ def checkout_strategy(path: str) -> Strategy:
     tree = SourceTree(f"{PACKAGE} checkout {root}", root=root)
     code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
     return _code_strategy(f"{PACKAGE}={root.name}", f"{code.method} from {root}",
-                          f"{PACKAGE} checkout ({version or 'no version found'})", version, code, pinned_vllm(tree))
+                          f"{PACKAGE} checkout ({version or 'no version found'})", version, code, pinned_vllm(tree),
+                          build_info(tree))
 
 
 def pinned_vllm(tree: SourceTree) -> str | None:
@@ -306,7 +362,7 @@ def checkout_version(root: Path) -> str | None:
 
 
 def _code_strategy(name: str, title: str, label: str, version: str | None, code: Extracted,
-                   pins: str | None = None) -> Strategy:
+                   pins: str | None = None, built: dict[str, dict[str, Any]] | None = None) -> Strategy:
     """A strategy that runs extracted vllm-ascend allocation code, planned with the block-size rule of
     its era (the newest era's when the version is unknown); a release older than ``FIRST_HYBRID``
     cannot allocate a plan whose tensors several layers share, and is not audited on one."""
@@ -322,7 +378,7 @@ def _code_strategy(name: str, title: str, label: str, version: str | None, code:
         if pre_hybrid and any(len(t.shared_by) > 1 for t in plan.tensors):
             raise NotAuditable(f"{label} cannot serve hybrid models: its allocation asserts one layer per "
                                f"KV-cache tensor (hybrid support starts at {FIRST_HYBRID})")
-        return allocate_extracted(code, plan, device, kv_transfer)
+        return allocate_extracted(code, plan, device, kv_transfer, built)
 
     return Strategy(name=name, title=title, platform=platform,
                     releases=label + (f" (pins vLLM {pins})" if pins else ""), allocate=allocate, note=note)

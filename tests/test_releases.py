@@ -5,6 +5,7 @@ the sdists are then cached under ~/.cache/kvaudit (or $KVAUDIT_CACHE_DIR)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 
 import pytest
@@ -55,7 +56,8 @@ def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, 
     assert _layout(theirs) == _layout(ours)
 
 
-@pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.24.0rc1", "0.26.0rc1", "0.29.0rc1", "0.30.0rc2"])
+@pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.20.2rc1", "0.24.0rc1", "0.26.0rc1", "0.29.0rc1",
+                                     "0.30.0rc2"])
 def test_release_code_on_the_dense_control(version):
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
@@ -69,10 +71,38 @@ def test_release_code_on_the_dense_control(version):
     assert r.ratio == 1.0
 
 
-def test_release_code_that_asks_the_npu_stops_naming_what():
-    """On a dense model 0.27-0.28 check FA quantization against a hardware profile their module computes
-    when imported on an NPU: exit 3 naming it, never a silent skip. (0.24-0.26 ask ``_build_info``, which
-    kvaudit answers as the build for ``SOC_VERSION`` would: see the dense control above.)"""
+@pytest.mark.parametrize("version, soc, written", [
+    # 0.11: custom_build_info.run writes the chip itself (and whether sleep mode's kernels were compiled)
+    ("0.11.0", "ascend910b1", {"__soc_version__": "ascend910b1", "__sleep_mode_enabled__": True}),
+    # 0.13-0.26: gen_build_info maps the chip to a device type with its own table
+    ("0.13.0", "ascend910b1", {"__device_type__": "A2"}),
+    ("0.20.2rc1", "ascend910_9391", {"__device_type__": "A3"}),
+    ("0.20.2rc1", "ascend950pr_9599", {"__device_type__": "A5"}),
+    # 0.27+: the mapping moved to vllm_ascend/device/hardware.py, which setup.py loads from the tree
+    ("0.30.0rc2", "ascend910b1", {"__device_type__": "A2"}),
+    ("0.30.0rc2", "ascend310p3", {"__device_type__": "_310P"}),
+    # a chip the release's build refuses: nothing is known, and code that reads the module stops naming it
+    ("0.20.2rc1", "ascend000", None),
+])
+def test_a_release_is_handed_the_build_info_its_own_setup_writes(version, soc, written, monkeypatch):
+    """``vllm_ascend/_build_info.py`` is written by the release's build; kvaudit runs that build code (its
+    setup.py against its own modules) for ``$SOC_VERSION``. 0.20.2rc1 reads ``__device_type__`` on every
+    dense model: before, kvaudit answered ``__soc_version__`` only, and the audit stopped."""
+    tree = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
+    monkeypatch.setenv("SOC_VERSION", "ascend910b4")
+    assert releases.build_info(tree, soc) == ({releases.BUILD_INFO: written} if written else {})
+    assert os.environ["SOC_VERSION"] == "ascend910b4"  # set for the build's code, then restored
+    monkeypatch.setenv("SOC_VERSION", soc)  # without a chip named, $SOC_VERSION's
+    assert releases.build_info(tree) == releases.build_info(tree, soc)
+    monkeypatch.delenv("SOC_VERSION")  # else ascend910b1, an Atlas A2
+    assert releases.build_info(tree) == releases.build_info(tree, "ascend910b1") and "SOC_VERSION" not in os.environ
+
+
+def test_release_code_that_needs_a_module_level_value_stops_naming_it():
+    """On a dense model 0.27-0.28 check FA quantization against a hardware profile their
+    ``device/hardware_profile.py`` computes when imported (a module-level value kvaudit does not compute):
+    exit 3 naming it, never a silent skip. (0.20-0.26 ask ``_build_info``, which kvaudit answers as the
+    release's build for ``SOC_VERSION`` writes it: see the dense control above.)"""
     s = resolve_strategy("vllm-ascend==0.28.0rc1")
     d = deployment("llama-3.1-8b")
     plan = plan_for(d, s.platform)
