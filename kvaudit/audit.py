@@ -201,6 +201,12 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
         reasons.append(f"leaks {fmt_bytes(leaked)} ({leaked:,} B): still allocated after its tensors were "
                        "released")
     verdict = Verdict.FAIL if reasons else Verdict.PASS
+    if plan.kv_budget_by and verdict is Verdict.FAIL and expected:
+        reasons.append(f"{plan.kv_budget_by} gave vLLM's planner {fmt_bytes(plan.kv_budget_bytes)} of the "
+                       f"deployment's {fmt_bytes(d.kv_budget_bytes)} KV budget "
+                       f"(×{plan.kv_budget_bytes / d.kv_budget_bytes:.4f}) to make room for its buffers: they fit, "
+                       f"but hold {plan.num_blocks:,} blocks where the planned sharing would fit "
+                       f"{allocated / expected:.2f}× as many in the same memory")
 
     projected = d.non_kv_bytes + dry.total_bytes
     return AuditResult(
@@ -272,17 +278,18 @@ def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
               tolerance: float = DEFAULT_TOLERANCE,
               skipped: list[tuple[str, str]] | None = None,
               plan_for: Callable[[Strategy], KVPlan] | None = None) -> list[AuditResult]:
-    """Plan once per platform rule with vLLM's planner (or take each strategy's plan from ``plan_for``:
-    a saved plan), then audit every strategy in turn. A strategy that cannot allocate the plan at all
+    """Plan once per platform rule and worker budget rule with vLLM's planner (or take each strategy's plan
+    from ``plan_for``: a saved plan), then audit every strategy in turn. A strategy that cannot allocate the plan at all
     (``NotAuditable``) is listed in ``skipped`` with its reason when a list is given, else it stops the run."""
-    plans: dict[str, KVPlan] = {}
+    plans: dict[tuple[str, str], KVPlan] = {}
 
     def planned(s: Strategy) -> KVPlan:
-        from kvaudit.plan import build_plan
+        from kvaudit import plan
 
-        if s.platform not in plans:
-            plans[s.platform] = build_plan(deployment, s.platform)
-        return plans[s.platform]
+        key = (s.platform, s.kv_budget.by if s.kv_budget else "")
+        if key not in plans:
+            plans[key] = plan.plan_for(deployment, s)
+        return plans[key]
 
     results = []
     for s in strategies:

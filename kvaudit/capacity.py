@@ -70,16 +70,16 @@ def capacity(plan: KVPlan) -> Capacity:
                     max_num_seqs=vc.scheduler_config.max_num_seqs, kv_cache_memory_bytes=plan.planned_bytes)
 
 
-def projected_bytes(d: Deployment, platform: str, strategy: Any) -> int:
+def projected_bytes(d: Deployment, strategy: Any) -> int:
     """Device memory a deployment would use with ``strategy``'s allocation of vLLM's plan: the non-KV
     memory plus every storage the strategy creates (planned by vLLM, allocated on ``meta``)."""
     from kvaudit.audit import dry_run
-    from kvaudit.plan import build_plan
+    from kvaudit.plan import plan_for
 
-    return d.non_kv_bytes + dry_run(build_plan(d, platform), strategy, d.kv_transfer).total_bytes
+    return d.non_kv_bytes + dry_run(plan_for(d, strategy), strategy, d.kv_transfer).total_bytes
 
 
-def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: float = 0.001,
+def highest_safe_utilization(d: Deployment, strategy: Any, step: float = 0.001,
                              ratio: float | None = None) -> float | None:
     """The highest ``gpu_memory_utilization`` (to ``step``) at which the strategy's allocation of
     vLLM's plan still fits the device beside the non-KV memory; ``None`` when none from ``step`` up does.
@@ -90,14 +90,14 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
     """
     from kvaudit.audit import dry_run
     from kvaudit.errors import KvauditError
-    from kvaudit.plan import build_plan
+    from kvaudit.plan import plan_for
 
     def fits(util: float) -> bool:
         du = dataclasses.replace(d, gpu_memory_utilization=util, kv_cache_memory_bytes=None)
         if du.kv_budget_bytes <= 0:
             return True  # nothing to allocate: vLLM would refuse to start, not run out
         try:
-            return projected_bytes(du, platform, strategy) <= d.device_memory_bytes
+            return projected_bytes(du, strategy) <= d.device_memory_bytes
         except KvauditError:
             return True
 
@@ -107,7 +107,7 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
     # non-KV + r·(u·M − non-KV) = M, then walk the grid to the exact edge (each step planned by vLLM).
     m, nk = d.device_memory_bytes, d.non_kv_bytes
     if ratio is None:
-        plan = build_plan(dataclasses.replace(d, kv_cache_memory_bytes=None), platform)
+        plan = plan_for(dataclasses.replace(d, kv_cache_memory_bytes=None), strategy)
         ratio = dry_run(plan, strategy, d.kv_transfer).total_bytes / max(1, plan.planned_bytes)
     ratio = max(1.0, ratio)
     k = min(int(round(1 / step)) - 1, max(1, math.floor((m + (ratio - 1) * nk) / (ratio * m) / step)))
@@ -122,10 +122,10 @@ def highest_safe_utilization(d: Deployment, platform: str, strategy: Any, step: 
 
 def for_report(d: Deployment, results: list[Any],
                strategies: list[Any]) -> tuple[dict[str, Capacity], dict[str, float | None]]:
-    """Capacity per platform rule of the audited plans, and the highest safe utilization per strategy."""
-    caps = {r.plan.platform: capacity(r.plan) for r in results}
+    """Capacity of each audited plan (by its name), and the highest safe utilization per strategy."""
+    caps = {r.plan.name: capacity(r.plan) for r in results}
     by_name = {s.name: s for s in strategies}
-    safe = {r.strategy: highest_safe_utilization(d, r.plan.platform, by_name[r.strategy],
+    safe = {r.strategy: highest_safe_utilization(d, by_name[r.strategy],
                                                  ratio=r.allocated_bytes / max(1, r.expected_bytes))
             for r in results if d.kv_cache_memory_bytes is None and d.num_blocks_override is None}
     return caps, safe
@@ -135,18 +135,20 @@ def plan_stage(d: Deployment, strategies: list[Any]) -> PlanStage:
     """``kvaudit plan`` for one deployment rank: vLLM's plan per platform rule, its capacity, and per
     strategy the highest safe utilization; a strategy vLLM cannot plan is listed with the reason."""
     from kvaudit.errors import NotAuditable
-    from kvaudit.plan import build_plan
+    from kvaudit.plan import plan_for
 
     plans: dict[str, KVPlan] = {}
+    planned: dict[str, str] = {}
     safe: dict[str, float | None] = {}
     refused: dict[str, str] = {}
     for s in strategies:
         try:
-            if s.platform not in plans:
-                plans[s.platform] = build_plan(d, s.platform)
+            plan = plan_for(d, s)
+            plans.setdefault(plan.name, plan)
+            planned[s.name] = plan.name
             if d.kv_cache_memory_bytes is None and d.num_blocks_override is None:
-                safe[s.name] = highest_safe_utilization(d, s.platform, s)
+                safe[s.name] = highest_safe_utilization(d, s)
         except NotAuditable as e:
             refused[s.name] = e.message
     return PlanStage(deployment=d, plans=plans, capacity={k: capacity(v) for k, v in plans.items()},
-                     strategies={s.name: s.platform for s in strategies}, safe_utilization=safe, refused=refused)
+                     strategies=planned, safe_utilization=safe, refused=refused)

@@ -157,7 +157,7 @@ def _saved_plan_audit(a: Any) -> int:
         skipped: list[tuple[str, str]] = []
         audits = tuple(core.audit_all(st.deployment, strategies, meter, a.tolerance, skipped,
                                       plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)))
-        caps = {r.plan.platform: st.capacity[r.plan.platform] for r in audits}
+        caps = {r.plan.name: st.capacity[r.plan.name] for r in audits}
         safe = {r.strategy: st.safe_utilization[r.strategy] for r in audits if r.strategy in st.safe_utilization}
         reports.append(Report(deployment=st.deployment, audits=audits, meter=meter.name,
                               meter_device=meter.describe(), vllm_version=saved.vllm_version,
@@ -285,6 +285,8 @@ def history_command(a: Any) -> int:
             ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
             storages = f"{r.storages}" if r.storages is not None else "—"
             change = ("← changed" + (f": {r.pr}" if r.pr else "")) if r.changed else (r.reason or "")
+            if r.kv_budget_scale is not None:
+                change += ("; " if change else "") + f"planned with ×{r.kv_budget_scale:.2f} of the budget (its worker)"
             print(f"{r.version:14} {ratio:>7} {storages:>9}  {r.verdict:11} {change}")
     audited = [r for r in rows if r.ratio is not None]
     return 1 if any(r.verdict == "FAIL" for r in audited) and audited[-1].verdict == "FAIL" else (

@@ -36,11 +36,15 @@ class Row:
     changed: bool = False
     """The ratio differs from the previous audited release's."""
     pr: str | None = None
+    kv_budget_scale: float | None = None
+    """The share of the deployment's KV budget the release's worker gives vLLM's planner, where it
+    shrinks it (``kvaudit.releases.kv_budget_rule``); the ratio is against that plan."""
 
     def to_dict(self) -> dict:
         """JSON form."""
         return {"version": self.version, "ratio": self.ratio, "storages": self.storages, "verdict": self.verdict,
-                "reason": self.reason, "changed": self.changed, "pr": self.pr}
+                "reason": self.reason, "changed": self.changed, "pr": self.pr,
+                "kv_budget_scale": self.kv_budget_scale}
 
 
 def published(since: str | None = None) -> tuple[list[str], str]:
@@ -63,14 +67,14 @@ def history(d: Deployment, versions: list[str], progress: Any = None) -> list[Ro
     """Audit each release's own code on ``d`` (meta meter), oldest first."""
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
-    from kvaudit.plan import build_plan
+    from kvaudit.plan import build_plan, plan_for
 
-    plans: dict[str, Any] = {}
+    plans: dict[tuple[str, str], Any] = {}
     rows: list[Row] = []
     last: float | None = None
     newest = ERAS[-1][1]
-    plans[newest] = build_plan(d, newest)
-    hybrid = any(len(t.shared_by) > 1 for t in plans[newest].tensors)
+    plans[(newest, "")] = build_plan(d, newest)
+    hybrid = any(len(t.shared_by) > 1 for t in plans[(newest, "")].tensors)
     for v in versions:
         if progress:
             progress(v)
@@ -80,16 +84,18 @@ def history(d: Deployment, versions: list[str], progress: Any = None) -> list[Ro
             continue
         try:
             s = release_strategy(v)
-            if s.platform not in plans:
-                plans[s.platform] = build_plan(d, s.platform)
-            r = run_audit(d, plans[s.platform], s, MetaMeter())
+            key = (s.platform, s.kv_budget.by if s.kv_budget else "")  # the budget code differs by release
+            if key not in plans:
+                plans[key] = plan_for(d, s)
+            r = run_audit(d, plans[key], s, MetaMeter())
         except KvauditError as e:
             rows.append(Row(v, None, None, "not audited", e.message))
             continue
         ratio = round(r.ratio, 4)
         changed = last is not None and abs(ratio - last) > 1e-3
+        scale = round(r.plan.kv_budget_bytes / d.kv_budget_bytes, 4) if r.plan.kv_budget_by else None
         rows.append(Row(v, ratio, r.allocations, r.verdict.value, None, changed,
-                        _pr_for(v) if changed else None))
+                        _pr_for(v) if changed else None, scale))
         last = ratio
     return rows
 

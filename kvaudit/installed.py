@@ -17,7 +17,7 @@ from typing import Any
 
 from kvaudit.errors import StrategyFailed
 from kvaudit.plan import load_vllm, vllm_version
-from kvaudit.releases import RUNNER_CLASS, RUNNER_MODULE, allocate_extracted, platform_for
+from kvaudit.releases import RUNNER_CLASS, RUNNER_MODULE, allocate_extracted, kv_budget_rule, platform_for
 from kvaudit.results import KVPlan
 from kvaudit.runner_code import Extracted, extract_allocator, installed_tree
 from kvaudit.strategy import RawTensors, Strategy
@@ -49,7 +49,8 @@ def _vllm_ascend() -> Strategy:
     assert tree is not None
     code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
     return Strategy("installed", code.method, platform_for(version), label,
-                    lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device, kv_transfer))
+                    lambda plan, device, kv_transfer=False: allocate_extracted(code, plan, device, kv_transfer),
+                    kv_budget=kv_budget_rule(tree, label))
 
 
 def _allocate_kv_cache(fn: Any, version: str) -> Strategy:

@@ -217,7 +217,7 @@ def _strategy_block(r: AuditResult, rep: Report, scale: int, ticks: list[int], y
             figures += f" · max util {'none' if safe is None else f'{safe:.3f}'}"
         if r.oom is not None:
             figures += f" · the device would run out at allocation {r.oom.allocation} of {r.allocations}"
-    figures += (f" · plan {r.plan.platform}, block {r.plan.block_size}, {r.plan.num_blocks:,} blocks · "
+    figures += (f" · plan {r.plan.name}, block {r.plan.block_size}, {r.plan.num_blocks:,} blocks · "
                 f"{_meter_tag(r.meter)}")
     text, h = _wrapped(0, y + 42, figures, 12, "#343a40")
     parts.append(text)

@@ -30,6 +30,7 @@ from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment, Pres
 from kvaudit.errors import ConfigError, MissingDependency, NotAuditable, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec
+from kvaudit.strategy import KVBudget
 from kvaudit.units import fmt_bytes
 
 
@@ -304,8 +305,16 @@ def _layer_specs(v: _Vllm, built: Any, vc: Any, d: Deployment, rule: PlatformRul
     return specs
 
 
-def build_plan(d: Deployment, platform: str) -> KVPlan:
-    """Plan the KV cache for ``d`` with vLLM's own model specs and planner under the platform's rule."""
+def plan_for(d: Deployment, strategy: Any) -> KVPlan:
+    """The plan a strategy allocates: vLLM's, under the strategy's platform rule, with the KV budget its
+    release's worker hands the planner (``Strategy.kv_budget``; the deployment's own with
+    ``--kv-cache-memory``, which that worker takes as given)."""
+    return build_plan(d, strategy.platform, strategy.kv_budget if d.kv_cache_memory_bytes is None else None)
+
+
+def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) -> KVPlan:
+    """Plan the KV cache for ``d`` with vLLM's own model specs and planner under the platform's rule; with
+    ``kv_budget`` (a release worker's rule), with the budget it hands the planner instead of the deployment's."""
     rule = PLATFORMS[platform]
     v = load_vllm()
     built = model_for(d)
@@ -317,13 +326,15 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
             backends = list(dict.fromkeys(layers[name].get_attn_backend() for name in specs))
             layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
             v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+        budget = d.kv_budget_bytes if kv_budget is None else kv_budget.scale(d.kv_budget_bytes, vc, specs,
+                                                                             d.kv_transfer)
         groups: list[Any] = []
         try:
             if hasattr(v.planning, "get_global_kv_cache_groups"):
                 groups = v.planning.get_global_kv_cache_groups(vc, [specs])
-                cfg = v.planning.get_kv_cache_configs(vc, [specs], [d.kv_budget_bytes], groups)[0]
+                cfg = v.planning.get_kv_cache_configs(vc, [specs], [budget], groups)[0]
             else:
-                cfg = v.planning.get_kv_cache_configs(vc, [specs], [d.kv_budget_bytes])[0]
+                cfg = v.planning.get_kv_cache_configs(vc, [specs], [budget])[0]
         except NotImplementedError as e:  # e.g. MLA pages that cannot be padded to this platform's block size
             raise NotAuditable(f"vLLM {v.version}'s planner cannot plan {d.model.name} under the {rule.name} rule: "
                                f"{_first_line(e)}") from None
@@ -331,10 +342,13 @@ def build_plan(d: Deployment, platform: str) -> KVPlan:
             per_block = max((g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups), default=0)
             need = f" (one block of every group needs {per_block:,} B)" if per_block else ""
             raise ConfigError(
-                f"vLLM's planner refused the budget of {d.kv_budget_bytes:,} B{need}: {_first_line(e)}") from None
+                f"vLLM's planner refused the budget of {budget:,} B{need}: {_first_line(e)}") from None
     if cfg.num_blocks < 1:
-        raise ConfigError(f"the KV budget {d.kv_budget_bytes} B holds no block of every group")
-    return _to_plan(cfg, vc, d, rule, specs, v.version)
+        raise ConfigError(f"the KV budget {budget} B holds no block of every group")
+    plan = _to_plan(cfg, vc, d, rule, specs, v.version)
+    if kv_budget is not None and budget != d.kv_budget_bytes:
+        plan = dataclasses.replace(plan, kv_budget_bytes=budget, kv_budget_by=kv_budget.by)
+    return plan
 
 
 def _first_line(e: BaseException) -> str:

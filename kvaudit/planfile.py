@@ -209,7 +209,7 @@ def _plan(d: dict) -> KVPlan:
                                page_size_bytes=g["page_size_bytes"], layer_names=tuple(g["layers"]))
                      for g in d["groups"]),
         tensors=tuple(TensorPlan(size=t["size_bytes"], shared_by=tuple(t["shared_by"])) for t in d["tensors"]),
-        layer_specs=dict(d["layer_specs"]), saved_vllm=d.get("vllm_objects"))
+        layer_specs=dict(d["layer_specs"]), saved_vllm=d.get("vllm_objects"), kv_budget_by=d.get("kv_budget_by", ""))
 
 
 def _capacity(d: dict) -> Capacity:
@@ -244,9 +244,12 @@ def load(path: str | Path) -> SavedPlans:
 
 
 def plan_for(stage: PlanStage, strategy: Any, path: Path) -> KVPlan:
-    """The stage's plan under ``strategy``'s platform rule; a rule the file was not saved with is
-    ``NotAuditable`` (that strategy is skipped with the reason)."""
-    if strategy.platform in stage.plans:
+    """The stage's plan for ``strategy`` (the one saved for it, else its platform rule's); a rule the file
+    was not saved with is ``NotAuditable`` (that strategy is skipped with the reason)."""
+    name = stage.strategies.get(strategy.name, strategy.platform)
+    if name in stage.plans:
+        return stage.plans[name]
+    if strategy.kv_budget is None and strategy.platform in stage.plans:
         return stage.plans[strategy.platform]
     why = stage.refused.get(strategy.name)
     if why:

@@ -22,8 +22,9 @@ from typing import Any
 
 from kvaudit.errors import NotAuditable, StrategyFailed, UsageError
 from kvaudit.results import KVPlan
-from kvaudit.runner_code import Extracted, SourceTree, extract_allocator, extract_method, installed_tree
-from kvaudit.strategy import RawTensors, Strategy
+from kvaudit.runner_code import (Extracted, SourceTree, class_literals, extract_allocator, extract_method,
+                                 installed_tree, run_extracted, stand_in)
+from kvaudit.strategy import KVBudget, RawTensors, Strategy
 
 PACKAGE = "vllm-ascend"
 RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
@@ -169,25 +170,15 @@ def stand_in_runner(plan: KVPlan, device: Any, kv_transfer: bool) -> tuple[dict[
     from kvaudit.plan import load_vllm
 
     load_vllm()
-    vc = copy.copy(plan.vllm_config)
-    if kv_transfer:
-        from vllm.config import KVTransferConfig
-
-        object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=KV_CONNECTOR,
-                                                                      kv_role="kv_producer"))
-    else:
-        object.__setattr__(vc, "kv_transfer_config", None)
+    vc = _with_kv_transfer(plan.vllm_config, kv_transfer)
     mc = vc.model_config
-    text = getattr(mc, "hf_text_config", mc.hf_config)
-    use_compress = hasattr(mc.hf_config, "compress_ratios")
     offload = {"enabled": False, "keep_device_kv_cache": True}
     attributes = {
         "device": device, "vllm_config": vc, "model_config": mc, "compilation_config": vc.compilation_config,
         "cache_config": vc.cache_config, "kv_cache_config": plan.kv_cache_config,
         "ascend_config": {"kvpp_config": {"size": 1}, "xlite_graph_config": {"enabled": False},
                           "sparse_kv_offload_config": offload},
-        "runner_only_attn_layers": set(), "use_compress": use_compress,
-        "use_sparse": hasattr(text, "index_topk") and not use_compress,
+        "runner_only_attn_layers": set(), **_model_flags(vc),
         "use_sparse_c8_indexer": False, "is_kv_consumer": False, "hybrid_with_attn_and_mamba": False,
         "sparse_kv_offload_config": offload, "sparse_kv_offload_enabled": False, "tp_rank": 0, "dcp_size": 1,
         "attn_groups": _attention_groups(plan),
@@ -197,6 +188,64 @@ def stand_in_runner(plan: KVPlan, device: Any, kv_transfer: bool) -> tuple[dict[
     if iterator is not None:
         methods["_kv_cache_spec_attn_group_iterator"] = iterator  # vLLM's own, from its source
     return attributes, methods
+
+
+def _with_kv_transfer(vllm_config: Any, kv_transfer: bool) -> Any:
+    """A copy of the plan's vLLM config with the KV connector a ``--kv-transfer`` deployment sets (or none)."""
+    vc = copy.copy(vllm_config)
+    if kv_transfer:
+        from vllm.config import KVTransferConfig
+
+        object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=KV_CONNECTOR,
+                                                                      kv_role="kv_producer"))
+    else:
+        object.__setattr__(vc, "kv_transfer_config", None)
+    return vc
+
+
+def _model_flags(vllm_config: Any) -> dict[str, bool]:
+    """``use_compress`` and ``use_sparse`` as ``NPUModelRunner.__init__`` computes them from the model's
+    config (compressed KV: DeepSeek-V4's ``compress_ratios``; sparse attention: an ``index_topk``)."""
+    mc = vllm_config.model_config
+    text = getattr(mc, "hf_text_config", mc.hf_config)
+    use_compress = hasattr(mc.hf_config, "compress_ratios")
+    return {"use_compress": use_compress, "use_sparse": hasattr(text, "index_topk") and not use_compress}
+
+
+WORKER_MODULE = "vllm_ascend.worker.worker"
+WORKER_CLASS = "NPUWorker"
+SCALE_BUDGET = "_scale_kv_cache_memory_for_multi_group"
+_RUNNER_FLAGS = ("supports_standardized_shared_kv_backing", "supports_shared_backing_with_kv_transfer")
+"""What the worker's budget code reads of its model runner class besides ``use_sparse``/``use_compress``:
+a class-level flag (0.28+) and, in 0.29, a property of the KV connector."""
+
+def kv_budget_rule(tree: SourceTree, label: str, built: dict[str, dict[str, Any]] | None = None) -> KVBudget | None:
+    """The release's own ``NPUWorker._scale_kv_cache_memory_for_multi_group`` (vllm-ascend 0.28+, worker.py):
+    where its model runner keeps a private buffer per layer for several KV-cache groups, it hands vLLM's
+    planner the budget × (largest group's page bytes / all groups' page bytes), so that vLLM plans fewer
+    blocks and those buffers fit. ``None`` for a tree whose worker has no such method (it plans with the
+    whole budget). Run on a stand-in worker: ``get_kv_cache_spec()`` answers vLLM's specs of the plan,
+    ``model_runner`` the runner class's own flags and the model's ``use_sparse``/``use_compress``."""
+    fn = extract_method(tree, WORKER_MODULE, WORKER_CLASS, SCALE_BUDGET)
+    if fn is None:
+        return None
+    literals = class_literals(tree, RUNNER_MODULE, RUNNER_CLASS)
+    flags = {n: literals[n] for n in _RUNNER_FLAGS if n in literals}
+    properties = {n: p for n in _RUNNER_FLAGS if n not in flags
+                  and isinstance(p := extract_method(tree, RUNNER_MODULE, RUNNER_CLASS, n), property)}
+    who = f"{label}'s {WORKER_CLASS}.{SCALE_BUDGET}"
+
+    def scale(available: int, vllm_config: Any, kv_cache_spec: dict, kv_transfer: bool) -> int:
+        vc = _with_kv_transfer(vllm_config, kv_transfer)
+        runner = stand_in(who, "self.model_runner", {"vllm_config": vc, **_model_flags(vc), **flags}, properties)
+        # what vLLM's WorkerBase.__init__ sets from the config, and the runner
+        worker = stand_in(who, "self", {"vllm_config": vc, "model_config": vc.model_config,
+                                        "cache_config": vc.cache_config, "parallel_config": vc.parallel_config,
+                                        "model_runner": runner},
+                          {"get_kv_cache_spec": lambda self: dict(kv_cache_spec)})
+        return int(run_extracted(fn, worker, available, label=label, known=built))
+
+    return KVBudget(who, scale)
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,8 +367,9 @@ def release_strategy(version: str) -> Strategy:
             raise NotAuditable(why)
 
         return Strategy(f"{PACKAGE}=={version}", "not runnable here", platform_for(version), label, refuse)
+    built = build_info(tree)
     return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code,
-                          pinned_vllm(tree), build_info(tree))
+                          pinned_vllm(tree), built, kv_budget_rule(tree, label, built))
 
 
 def checkout_strategy(path: str) -> Strategy:
@@ -335,9 +385,10 @@ def checkout_strategy(path: str) -> Strategy:
     load_vllm()
     tree = SourceTree(f"{PACKAGE} checkout {root}", root=root)
     code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
+    built = build_info(tree)
     return _code_strategy(f"{PACKAGE}={root.name}", f"{code.method} from {root}",
                           f"{PACKAGE} checkout ({version or 'no version found'})", version, code, pinned_vllm(tree),
-                          build_info(tree))
+                          built, kv_budget_rule(tree, tree.label, built))
 
 
 def pinned_vllm(tree: SourceTree) -> str | None:
@@ -362,7 +413,8 @@ def checkout_version(root: Path) -> str | None:
 
 
 def _code_strategy(name: str, title: str, label: str, version: str | None, code: Extracted,
-                   pins: str | None = None, built: dict[str, dict[str, Any]] | None = None) -> Strategy:
+                   pins: str | None = None, built: dict[str, dict[str, Any]] | None = None,
+                   kv_budget: KVBudget | None = None) -> Strategy:
     """A strategy that runs extracted vllm-ascend allocation code, planned with the block-size rule of
     its era (the newest era's when the version is unknown); a release older than ``FIRST_HYBRID``
     cannot allocate a plan whose tensors several layers share, and is not audited on one."""
@@ -381,4 +433,5 @@ def _code_strategy(name: str, title: str, label: str, version: str | None, code:
         return allocate_extracted(code, plan, device, kv_transfer, built)
 
     return Strategy(name=name, title=title, platform=platform,
-                    releases=label + (f" (pins vLLM {pins})" if pins else ""), allocate=allocate, note=note)
+                    releases=label + (f" (pins vLLM {pins})" if pins else ""), allocate=allocate, note=note,
+                    kv_budget=kv_budget)

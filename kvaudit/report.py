@@ -232,17 +232,18 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
 
     plans = _plans(results)
     base = plans[0][0]
-    pt = Table(title=f"Plans by vLLM {vllm_version}'s get_kv_cache_configs, one per platform block-size rule",
+    pt = Table(title=f"Plans by vLLM {vllm_version}'s get_kv_cache_configs, one per platform block-size rule"
+                     + (" and KV budget" if any(p.kv_budget_by for p, _ in plans) else ""),
                title_justify="left", caption=_structure(base), caption_justify="left")
     for col in ("platform rule", "strategies", "block size", "page size", "num_blocks", "planned bytes"):
         pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
     for plan, names in plans:
         pages = sorted({g.page_size_bytes for g in plan.groups})
-        pt.add_row(e(plan.platform), e(", ".join(names)), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
+        pt.add_row(e(plan.name), e(", ".join(names)), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
                    f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
     out.append(pt)
     if rep.capacity:
-        out.append(capacity_table(rep.capacity, [(plan.platform, names) for plan, names in plans]))
+        out.append(capacity_table(rep.capacity, [(plan.name, names) for plan, names in plans]))
 
     if detail == "summary":
         out.append(_summary_table(results, meter, rep.safe_utilization))
@@ -259,7 +260,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     tt.add_column("tensor", justify="right")
     tt.add_column("shared by")
     for plan, _ in plans:
-        tt.add_column(e(plan.platform), justify="right")
+        tt.add_column(e(plan.name), justify="right")
     for i, t in enumerate(base.tensors):
         tt.add_row(str(i), e(_layers_text(t.shared_by)),
                    *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
@@ -313,7 +314,7 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
     from rich.table import Table
 
     outcome = "out of memory" if r.device_oom else f"{r.ratio:.2f}×"
-    title = (f"{r.strategy} ({r.strategy_releases}: {r.strategy_title}) · plan {r.plan.platform}, block "
+    title = (f"{r.strategy} ({r.strategy_releases}: {r.strategy_title}) · plan {r.plan.name}, block "
              f"{r.plan.block_size}, {r.plan.num_blocks:,} blocks · {r.verdict.value} {outcome}")
     if r.device_oom:
         from rich.text import Text

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from kvaudit.errors import NotAuditable
+from kvaudit.units import fmt_bytes
 
 
 class Verdict(str, Enum):
@@ -88,6 +89,14 @@ class KVPlan:
     saved_vllm: Any = field(default=None, repr=False, compare=False)
     """For a plan read from a file: vLLM's ``KVCacheConfig`` and KV-cache layout as data, rebuilt into
     vLLM's own objects only where a strategy needs them and vLLM can be imported."""
+    kv_budget_by: str = ""
+    """Who handed vLLM's planner ``kv_budget_bytes`` instead of the deployment's KV budget: a release's
+    worker that shrinks it first (``kvaudit.releases.kv_budget_rule``). Empty: the deployment's budget."""
+
+    @property
+    def name(self) -> str:
+        """How reports name the plan: its platform rule, and its budget where a worker shrank it."""
+        return f"{self.platform}, budget {fmt_bytes(self.kv_budget_bytes)}" if self.kv_budget_by else self.platform
 
     def group_of(self, layer: str) -> GroupPlan:
         """The group that holds ``layer``."""
@@ -147,6 +156,7 @@ class KVPlan:
                        for g in self.groups],
             "tensors": [{"index": i, "size_bytes": t.size, "shared_by": list(t.shared_by)}
                         for i, t in enumerate(self.tensors)],
+            **({"kv_budget_by": self.kv_budget_by} if self.kv_budget_by else {}),
         }
 
 

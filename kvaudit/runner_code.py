@@ -229,6 +229,28 @@ def _placeholder_package(package: str, label: str, known: dict[str, dict[str, An
             sys.modules.pop(name, None)
 
 
+def run_extracted(fn: Callable, owner: Any, *args: Any, label: str, package: str = "vllm_ascend",
+                  known: dict[str, dict[str, Any]] | None = None) -> Any:
+    """Call ``fn`` (an extracted method) on ``owner`` (a ``stand_in``), the code's own package served as it
+    is for allocation code: ``known`` modules (what its build writes), placeholders for the rest."""
+    with _placeholder_package(package, label, known or {}):
+        return fn(owner, *args)
+
+
+def stand_in(label: str, path: str, attributes: dict[str, Any], methods: dict[str, Any] | None = None) -> Any:
+    """An object with ``attributes`` and ``methods`` only, for extracted code to read (``self.model_runner``);
+    reading anything else names it (``path``) and stops."""
+    return type("StandIn", (_Attrs,), dict(methods or {}))(label, path, attributes)
+
+
+def class_literals(tree: SourceTree, module: str, class_name: str) -> dict[str, Any]:
+    """The class-level names of ``class_name`` bound to literals (``supports_x = True``)."""
+    rel = tree.module_file(module)
+    mod = ast.parse(tree.read(rel) or "", filename=rel) if rel else None
+    cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None) if mod else None
+    return _constants(ast.Module(body=cls.body, type_ignores=[])) if cls else {}
+
+
 def extract_method(tree: SourceTree, module: str, class_name: str, name: str) -> Callable | None:
     """One method of ``class_name`` in ``module`` (from ``tree``), compiled alone, or ``None`` where the
     class has no such method: a runner base-class method the allocation code calls."""
@@ -436,10 +458,19 @@ def _constants(mod: ast.Module) -> dict[str, Any]:
     return out
 
 
+_MOVED = {"vllm.v1.core.kv_cache_utils": "vllm.v1.core.kv_cache_planning"}
+"""vLLM modules split since the releases that import from them: a name the release imports from the key,
+the installed vLLM may keep in the value. vLLM moved its KV-cache planning functions (spec -> groups ->
+tensors: ``get_kv_cache_groups``, ...) out of ``kv_cache_utils.py`` into ``kv_cache_planning.py``, the
+move vllm-project/vllm#42309 describes; vllm-ascend 0.28-0.30 still import them from the first."""
+
+
 def _import(module: str, attr: str | None, label: str, name: str) -> Any:
     """A name from an installed package (torch, vLLM, the standard library)."""
     try:
         m = importlib.import_module(module)
+        if attr and not hasattr(m, attr) and module in _MOVED:
+            m = importlib.import_module(_MOVED[module])
         return getattr(m, attr) if attr else m
     except Exception:  # the installed version may lack it: only fatal if the code path uses it
         return _missing(label, name, f"{module} in this environment")

@@ -17,6 +17,17 @@ ALIGNMENT = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True)
+class KVBudget:
+    """A release worker's own rule for the KV budget it hands vLLM's planner."""
+
+    by: str
+    """Whose code it runs (``vllm-ascend 0.30.0rc2's NPUWorker._scale_kv_cache_memory_for_multi_group``)."""
+    scale: Callable[[int, Any, dict, bool], int]
+    """``scale(available, vllm_config, kv_cache_spec, kv_transfer)``: the budget the planner gets for a
+    deployment whose KV budget is ``available`` bytes."""
+
+
+@dataclass(frozen=True)
 class Strategy:
     """A named allocation algorithm and the platform rule its plans are made with."""
 
@@ -29,6 +40,9 @@ class Strategy:
     """``allocate(plan, device, kv_transfer)``."""
     note: str = ""
     """What a user must know about what this strategy audits (printed with the report)."""
+    kv_budget: KVBudget | None = None
+    """The KV budget the release's worker hands vLLM's planner, where it is not the deployment's
+    (``kvaudit.releases.kv_budget_rule``): the strategy's plan is then made with it."""
     prepare: Callable[[KVPlan], None] | None = None
     """Loads what ``allocate`` needs for ``plan`` (vLLM's modules and objects) before the meter's window
     opens, so that imports are not measured as the strategy's allocation; raises ``NotAuditable`` when

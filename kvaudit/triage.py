@@ -708,7 +708,7 @@ def _projected_use(strategy: Any, r: Any, d: Deployment, util: float | None) -> 
     if util is None or util == d.gpu_memory_utilization:
         return r.projected_utilization
     at = dataclasses.replace(d, gpu_memory_utilization=util, kv_cache_memory_bytes=None)
-    return projected_bytes(at, strategy.platform, strategy) / at.device_memory_bytes
+    return projected_bytes(at, strategy) / at.device_memory_bytes
 
 
 def _fixed(audited: list[tuple[_Candidate, Any]], inputs: _Inputs, d: Deployment,

@@ -61,7 +61,7 @@ def test_mamba_slots_against_max_num_seqs():
 def test_highest_safe_utilization_is_the_edge():
     d = deployment("qwen3-next")
     s = STRATEGIES["ascend-0.11"]
-    u = highest_safe_utilization(d, s.platform, s)
+    u = highest_safe_utilization(d, s)
     assert u is not None and 0.7 < u < 0.75  # issue #3368: 0.7 runs, 0.9 runs out
 
     def total(util: float) -> int:
@@ -69,7 +69,7 @@ def test_highest_safe_utilization_is_the_edge():
         return du.non_kv_bytes + dry_run(build_plan(du, s.platform), s, False).total_bytes
 
     assert total(u) <= d.device_memory_bytes < total(round(u + 0.001, 3))
-    assert highest_safe_utilization(d, "cuda", STRATEGIES["vllm"]) == 1.0
+    assert highest_safe_utilization(d, STRATEGIES["vllm"]) == 1.0
 
 
 def test_plan_command_json_shows_every_pipeline_stage(capsys):

@@ -16,7 +16,8 @@ from kvaudit.accounting import byte_span, storage_key
 from kvaudit.errors import StrategyFailed, UsageError
 from kvaudit.resolve import resolve_strategy
 from kvaudit.strategies import STRATEGIES
-from conftest import deployment, plan_for
+from kvaudit.units import fmt_bytes
+from conftest import ROOT, deployment, plan_for
 
 PARITY = {"0.11.0rc1": "ascend-0.11", "0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",
           "0.26.0rc1": "ascend-0.16"}
@@ -278,8 +279,8 @@ def test_layer_strided_release_code_lays_layers_out_as_vllms_plan_says(version):
 @pytest.mark.parametrize("version,storages", [("0.28.0rc1", 48), ("0.29.0rc1", 1), ("0.30.0rc2", 1)])
 def test_layer_strided_release_code_with_kv_transfer(version, storages):
     """With a KV connector (Mooncake V1, as vllm-ascend's P/D guides deploy): 0.28 keeps the shared
-    backing only for the connectors it lists, so it gives each layer a private buffer (4.03× the plan,
-    which its worker offsets by shrinking the budget); 0.29 lists Mooncake V1; 0.30 drops the gate."""
+    backing only for the connectors it lists, so it gives each layer a private buffer (4.03× vLLM's plan
+    for the whole budget); 0.29 lists Mooncake V1; 0.30 drops the gate."""
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
 
@@ -290,6 +291,105 @@ def test_layer_strided_release_code_with_kv_transfer(version, storages):
     r = run_audit(d, plan, s, MetaMeter())
     assert r.allocations == storages
     assert (r.verdict.value, round(r.ratio, 2)) == (("FAIL", 4.03) if storages > 1 else ("PASS", 1.0))
+
+
+def _budget_scale(plan) -> float:
+    """What vllm-ascend 0.28+'s worker docstring says it gives the planner for per-layer buffers: the
+    budget × the largest group's page bytes per block over all groups' page bytes."""
+    per_group = [g.page_size_bytes * len(g.layer_names) for g in plan.groups]
+    return max(per_group) / sum(per_group)
+
+
+@pytest.mark.parametrize("preset,version,scale,ratio", [
+    ("gpt-oss-120b", "0.29.0rc1", 0.5, 2.0), ("gpt-oss-120b", "0.30.0rc2", 0.5, 2.0),
+    ("gemma-3-27b", "0.30.0rc2", 10 / 62, 6.2),
+])
+def test_a_release_worker_that_shrinks_the_budget_plans_with_it(preset, version, scale, ratio):
+    """vllm-ascend 0.29+ give every layer of an attention-only model with several KV-cache groups a private
+    buffer, and their worker (NPUWorker._scale_kv_cache_memory_for_multi_group, run from the sdist) hands
+    vLLM's planner a budget shrunk to fit them. The strategy's plan is made with that budget: the buffers
+    are 2.00× (6.20×) that plan, within the device budget, and the report says the capacity lost."""
+    from kvaudit.audit import run_audit
+    from kvaudit.meters import MetaMeter
+    from kvaudit.plan import plan_for as strategy_plan
+
+    s = resolve_strategy(f"vllm-ascend=={version}")
+    d = deployment(preset, gpu_memory_utilization=0.9)
+    whole = plan_for(d, s.platform)
+    _layers_plan_or_skip(whole)
+    assert _budget_scale(whole) == pytest.approx(scale)
+    plan = strategy_plan(d, s)
+    assert plan.kv_budget_bytes == int(d.kv_budget_bytes * _budget_scale(whole))
+    assert plan.kv_budget_by == f"vllm-ascend {version}'s NPUWorker._scale_kv_cache_memory_for_multi_group"
+    assert plan.name == f"{plan.platform}, budget {fmt_bytes(plan.kv_budget_bytes)}"
+    assert plan.num_blocks == pytest.approx(whole.num_blocks * scale, abs=1)
+    r = run_audit(d, plan, s, MetaMeter())
+    assert (r.verdict.value, round(r.ratio, 2)) == ("FAIL", ratio)
+    # the buffers fill the deployment's budget, no more: a capacity loss, not an out-of-memory
+    assert r.allocated_bytes <= d.kv_budget_bytes and r.oom is None
+    assert r.projected_utilization <= d.gpu_memory_utilization
+    assert f"{s.kv_budget.by} gave vLLM's planner {fmt_bytes(plan.kv_budget_bytes)} of the deployment's" in \
+        r.reasons[-1] and f"hold {plan.num_blocks:,} blocks where the planned sharing would fit {ratio:.2f}×" in \
+        r.reasons[-1]
+
+
+def test_a_release_worker_keeps_the_budget_where_its_runner_shares_the_backing():
+    """Qwen3-Next (attention + Mamba, the layer/block-compact layout) under 0.30: the runner class declares
+    ``supports_standardized_shared_kv_backing`` and keeps one backing, so the worker keeps the budget."""
+    from kvaudit.plan import plan_for as strategy_plan
+
+    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    d = deployment()
+    whole = plan_for(d, s.platform)
+    _layers_plan_or_skip(whole)
+    assert s.kv_budget is not None and _budget_scale(whole) < 1
+    plan = strategy_plan(d, s)
+    assert (plan.kv_budget_by, plan.kv_budget_bytes, plan.num_blocks) == ("", d.kv_budget_bytes, whole.num_blocks)
+    # with --kv-cache-memory the worker takes the budget as given, before any scaling
+    fixed = deployment("gpt-oss-120b", kv_cache_memory_bytes=8 << 30)
+    assert strategy_plan(fixed, s).kv_budget_bytes == 8 << 30
+
+
+def test_a_report_holds_each_strategys_own_plan_and_its_capacity(capsys):
+    """One audit, two strategies under one platform rule: ascend-0.16 on vLLM's plan for the whole budget,
+    vllm-ascend 0.30.0rc2 on the plan for the budget its worker gives the planner; each plan's capacity
+    is reported under its own name."""
+    import json
+
+    import jsonschema
+
+    from kvaudit.cli import main
+
+    d = deployment("gpt-oss-120b")
+    _layers_plan_or_skip(plan_for(d, "ascend-contiguous"))
+    code = main(["gpt-oss-120b", "-s", "ascend-0.16", "-s", "vllm-ascend==0.30.0rc2", "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    jsonschema.validate(doc, json.loads((ROOT / "kvaudit/report.schema.json").read_text()))
+    ours, theirs = doc["audits"]
+    assert "kv_budget_by" not in ours["plan"] and ours["ratio"] == 1.0
+    assert theirs["plan"]["kv_budget_by"].endswith("NPUWorker._scale_kv_cache_memory_for_multi_group")
+    assert theirs["plan"]["num_blocks"] * 2 in (ours["plan"]["num_blocks"], ours["plan"]["num_blocks"] - 1)
+    budget = fmt_bytes(theirs["plan"]["kv_budget_bytes"])
+    assert set(doc["capacity"]) == {"ascend-contiguous", f"ascend-contiguous, budget {budget}"}
+    assert doc["capacity"][f"ascend-contiguous, budget {budget}"]["tokens"] * 2 == pytest.approx(
+        doc["capacity"]["ascend-contiguous"]["tokens"], rel=1e-3)
+
+
+def test_releases_before_0_28_plan_with_the_whole_budget():
+    assert resolve_strategy("vllm-ascend==0.26.0rc1").kv_budget is None
+    assert resolve_strategy("vllm-ascend==0.28.0rc1").kv_budget is not None
+
+
+def test_history_names_the_shrunk_budget():
+    from kvaudit.history import history
+
+    d = deployment("gpt-oss-120b", gpu_memory_utilization=0.9)
+    if plan_for(d, "ascend-contiguous").plan_format != "layers":
+        pytest.skip("needs a vLLM 0.29+ plan (KVCacheTensor.layers); this vLLM plans in the shared_by format")
+    old, new = history(d, ["0.26.0rc1", "0.30.0rc2"])
+    assert (old.ratio, old.verdict, old.kv_budget_scale) == (1.0, "PASS", None)
+    assert (new.ratio, new.verdict, new.kv_budget_scale, new.changed) == (2.0, "FAIL", 0.5, True)
 
 
 def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
