@@ -219,9 +219,10 @@ def _capacity(d: dict) -> Capacity:
 def load(path: str | Path) -> SavedPlans:
     """Read a plan file; anything that is not one is a one-line ``ConfigError`` (exit 2)."""
     p = Path(path).expanduser()
-    doc = read_json(path, "kvaudit plan file", "write one with: kvaudit plan MODEL --save FILE")
+    doc = read_json(path, "kvaudit plan file", "write one with: kvaudit plan --preset MODEL --save FILE")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError(f"{p} is not a kvaudit plan file (write one with: kvaudit plan MODEL --save {p.name})")
+        raise ConfigError(f"{p} is not a kvaudit plan file (write one with: kvaudit plan --preset MODEL "
+                          f"--save {p.name})")
     if doc.get("format_version") != FORMAT_VERSION:
         raise ConfigError(f"{p} is plan format {doc.get('format_version')!r}; this kvaudit reads format "
                           f"{FORMAT_VERSION} (save the plan again with this kvaudit)")

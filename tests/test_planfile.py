@@ -160,7 +160,7 @@ def test_release_code_needs_the_live_plan(saved, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "x.plan.json: no such file (write one with: kvaudit plan MODEL --save FILE)"),
+    (None, "x.plan.json: no such file (write one with: kvaudit plan --preset MODEL --save FILE)"),
     ("{", "x.plan.json: not JSON (Expecting property name enclosed in double quotes at line 1 column 2;"),
     ("", "x.plan.json: empty file, not a kvaudit plan file"),
     ('{"format": "kvaudit-report"}', "is not a kvaudit plan file"),
