@@ -333,6 +333,24 @@ def test_a_release_worker_that_shrinks_the_budget_plans_with_it(preset, version,
         r.reasons[-1]
 
 
+def test_0_28_with_kv_transfer_plans_a_quarter_of_the_budget():
+    """0.28.0rc1 with Mooncake V1 gives Qwen3-Next's 48 layers private buffers: its worker plans with a
+    quarter of the budget (4 groups of 12 layers, equal pages); the buffers' 2 MiB alignment units are
+    what takes them past the budget (4.11× the plan, util 0.702 of 0.7)."""
+    from kvaudit.audit import run_audit
+    from kvaudit.meters import MetaMeter
+    from kvaudit.plan import plan_for as strategy_plan
+
+    s = resolve_strategy("vllm-ascend==0.28.0rc1")
+    d = deployment(kv_transfer=True)
+    _layers_plan_or_skip(plan_for(d, s.platform))
+    plan = strategy_plan(d, s)
+    assert plan.kv_budget_bytes == d.kv_budget_bytes // 4
+    r = run_audit(d, plan, s, MetaMeter())
+    assert (r.allocations, r.verdict.value, round(r.ratio, 2), round(r.projected_utilization, 3)) == (
+        48, "FAIL", 4.11, 0.702)
+
+
 def test_a_release_worker_keeps_the_budget_where_its_runner_shares_the_backing():
     """Qwen3-Next (attention + Mamba, the layer/block-compact layout) under 0.30: the runner class declares
     ``supports_standardized_shared_kv_backing`` and keeps one backing, so the worker keeps the budget."""
