@@ -17,7 +17,7 @@ from kvaudit.errors import StrategyFailed, UsageError
 from kvaudit.resolve import resolve_strategy
 from kvaudit.strategies import STRATEGIES
 from kvaudit.units import fmt_bytes
-from conftest import ROOT, deployment, plan_for
+from conftest import ROOT, deployment, plan_for, skip_unless_planned
 
 PARITY = {"0.11.0rc1": "ascend-0.11", "0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",
           "0.26.0rc1": "ascend-0.16"}
@@ -313,6 +313,7 @@ def test_a_release_worker_that_shrinks_the_budget_plans_with_it(preset, version,
     from kvaudit.meters import MetaMeter
     from kvaudit.plan import plan_for as strategy_plan
 
+    skip_unless_planned(preset)
     s = resolve_strategy(f"vllm-ascend=={version}")
     d = deployment(preset, gpu_memory_utilization=0.9)
     whole = plan_for(d, s.platform)
