@@ -279,8 +279,9 @@ def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
               skipped: list[tuple[str, str]] | None = None,
               plan_for: Callable[[Strategy], KVPlan] | None = None) -> list[AuditResult]:
     """Plan once per platform rule and worker budget rule with vLLM's planner (or take each strategy's plan
-    from ``plan_for``: a saved plan), then audit every strategy in turn. A strategy that cannot allocate the plan at all
-    (``NotAuditable``) is listed in ``skipped`` with its reason when a list is given, else it stops the run."""
+    from ``plan_for``: a saved plan), then audit every strategy in turn. A strategy that cannot allocate the
+    plan at all (``NotAuditable``) is listed in ``skipped`` with its reason when a list is given, else it
+    stops the run."""
     plans: dict[tuple[str, str], KVPlan] = {}
 
     def planned(s: Strategy) -> KVPlan:

@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.errors import UsageError
 
 MAX_BYTES = 64 << 20
-"""Larger than any plan or report kvaudit writes (a 61-layer, 4-strategy report is under 1 MiB)."""
+"""Far above any plan or report kvaudit writes (Gemma 3 27B's 62 layers under the four built-ins: a 330 KB report)."""
 
 
 def read_json(path: str | Path, kind: str, how: str) -> Any:

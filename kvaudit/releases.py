@@ -219,6 +219,7 @@ _RUNNER_FLAGS = ("supports_standardized_shared_kv_backing", "supports_shared_bac
 """What the worker's budget code reads of its model runner class besides ``use_sparse``/``use_compress``:
 a class-level flag (0.28+) and, in 0.29, a property of the KV connector."""
 
+
 def kv_budget_rule(tree: SourceTree, label: str, built: dict[str, dict[str, Any]] | None = None) -> KVBudget | None:
     """The release's own ``NPUWorker._scale_kv_cache_memory_for_multi_group`` (vllm-ascend 0.28+, worker.py):
     where its model runner keeps a private buffer per layer for several KV-cache groups, it hands vLLM's
