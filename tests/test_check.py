@@ -76,6 +76,12 @@ def _check(argv, capsys):
     return code, out, err
 
 
+def _check_json(argv, capsys):
+    """``kvaudit check ARGV --format json``: the exit code, the JSON document on stdout, and stderr."""
+    code, out, err = _check([*argv, "--format", "json"], capsys)
+    return code, json.loads(out), err
+
+
 @pytest.mark.parametrize("text,line,message", POLICY_ERRORS, ids=[m for _, _, m in POLICY_ERRORS])
 def test_every_policy_error_is_one_line_with_its_line_and_exit_2(text, line, message, tmp_path, capsys):
     policy = tmp_path / "kvaudit.toml"
@@ -247,8 +253,7 @@ def test_a_deployment_vllm_refuses_is_an_error_cell_with_its_line_and_the_rest_s
         name = "qwen3-next"
         tp = [3, 4]
         """)
-    code, out, err = _check([str(policy), "--junit", str(tmp_path / "j.xml"), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy), "--junit", str(tmp_path / "j.xml")], capsys)
     assert code == 2 and doc["exit_code"] == 2
     assert [(c["options"]["tp"], c["outcome"]) for c in doc["cells"]] == [(3, "error"), (4, "pass")]
     assert doc["cells"][0]["reason"].startswith(f"{policy}:5: ") and "divisible by tensor parallel size (3)" in \
@@ -275,8 +280,7 @@ def test_json_holds_the_whole_matrix_and_each_deployments_report(tmp_path, capsy
         util = [0.7, 0.9]
         expect = { "ascend-0.12" = "fail" }
         """)
-    code, out, err = _check([str(policy), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy)], capsys)
     assert code == 0 and doc["schema_version"] == 1 and doc["vllm_version"]
     import jsonschema
 
@@ -309,8 +313,7 @@ def test_a_config_path_is_resolved_against_the_policys_folder(tmp_path, capsys):
         config = "models/llama"
         max_model_len = 8192
         """)
-    code, out, err = _check([str(policy), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy)], capsys)
     assert code == 0 and doc["cells"][0]["model"] == "models/llama" and doc["cells"][0]["outcome"] == "pass"
 
 
@@ -320,8 +323,7 @@ def test_the_example_policy_covers_every_preset_against_the_built_ins_and_passes
     from kvaudit.deployment import PRESETS
     from kvaudit.strategies import STRATEGIES
 
-    code, out, err = _check([str(EXAMPLE), "--junit", str(tmp_path / "j.xml"), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(EXAMPLE), "--junit", str(tmp_path / "j.xml")], capsys)
     assert code == 0, err
     assert {(c["model"], c["strategy"]) for c in doc["cells"]} == {(p, s) for p in PRESETS for s in STRATEGIES}
     suite, cases = _junit(tmp_path / "j.xml")
@@ -367,8 +369,7 @@ def test_pipeline_stages_are_cells_of_their_own(tmp_path, capsys):
         pp = 2
         expect = "fail"
         """)
-    code, out, err = _check([str(policy), "--format", "json", "--junit", str(tmp_path / "j.xml")], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy), "--junit", str(tmp_path / "j.xml")], capsys)
     assert code == 0
     assert [(c["options"], c["outcome"], round(c["ratio"], 2)) for c in doc["cells"]] == [
         ({"util": 0.7, "pp": 2, "pp_rank": 0}, "fail", 2.0), ({"util": 0.7, "pp": 2, "pp_rank": 1}, "fail", 2.0)]
@@ -389,8 +390,7 @@ def test_hf_overrides_as_a_toml_table(tmp_path, capsys):
         hf_overrides = { max_position_embeddings = 4096 }
         max_model_len = 4096
         """)
-    code, out, err = _check([str(policy), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy)], capsys)
     assert code == 0, err
     assert doc["cells"][0]["options"]["hf_overrides"] == {"max_position_embeddings": 4096}
 
@@ -408,7 +408,6 @@ def test_a_cell_that_cannot_be_measured_is_not_audited_not_an_error(tmp_path, ca
         name = "qwen3-next"
         util = 0.7
         """)
-    code, out, err = _check([str(policy), "--format", "json"], capsys)
-    doc = json.loads(out)
+    code, doc, err = _check_json([str(policy)], capsys)
     assert code == 3 and [c["outcome"] for c in doc["cells"]] == ["not-audited"]
     assert "--num-blocks" in doc["cells"][0]["reason"]
