@@ -369,11 +369,15 @@ def areas(counts: dict) -> tuple[int, int, int]:
 SWATCH = 12 * 12
 
 
+def bar_areas(doc: Path, text: str) -> tuple[int, int, int]:
+    """Write ``text`` (a page or an SVG) to ``doc`` and count its bars' pixels in a Chromium screenshot."""
+    doc.write_text(text)
+    return areas(screenshot(doc, doc.with_suffix(".png")))
+
+
 @needs_chromium
 def test_screenshot_shows_a_4x_strategy_as_a_red_bar_four_times_its_plan(rep, tmp_path):
-    doc = tmp_path / "ascend-0.11.html"
-    doc.write_text(page.to_html([only(rep, "ascend-0.11")]))
-    planned, within, off = areas(screenshot(doc, tmp_path / "ascend-0.11.png"))
+    planned, within, off = bar_areas(tmp_path / "ascend-0.11.html", page.to_html([only(rep, "ascend-0.11")]))
     # four groups, each a planned bar of about 130 × 14 px
     assert planned > 4 * 100 * 12, planned
     assert off == pytest.approx(4 * planned, rel=0.1), (planned, off)
@@ -382,9 +386,7 @@ def test_screenshot_shows_a_4x_strategy_as_a_red_bar_four_times_its_plan(rep, tm
 
 @needs_chromium
 def test_screenshot_shows_a_passing_strategy_as_green_bars_the_length_of_its_plan(rep, tmp_path):
-    doc = tmp_path / "vllm.html"
-    doc.write_text(page.to_html([only(rep, "vllm")]))
-    planned, within, off = areas(screenshot(doc, tmp_path / "vllm.png"))
+    planned, within, off = bar_areas(tmp_path / "vllm.html", page.to_html([only(rep, "vllm")]))
     assert planned > 4 * 100 * 12, planned
     assert within == pytest.approx(planned, rel=0.05), (planned, within)
     assert off <= SWATCH + 20, "no bar off plan"
@@ -392,9 +394,7 @@ def test_screenshot_shows_a_passing_strategy_as_green_bars_the_length_of_its_pla
 
 @needs_chromium
 def test_screenshot_of_the_svg_shows_every_strategys_bars(rep, tmp_path):
-    doc = tmp_path / "report.svg"
-    doc.write_text(page.to_svg([rep]))
-    planned, within, off = areas(screenshot(doc, tmp_path / "report.png"))
+    planned, within, off = bar_areas(tmp_path / "report.svg", page.to_svg([rep]))
     # in units of one group's plan: 16 planned, 8 within (vllm, ascend-0.16), 24 off (4 × 4 + 3 × 1.33 + 4)
     unit = planned / 16
     assert unit > 100 * 12, planned
@@ -404,9 +404,7 @@ def test_screenshot_of_the_svg_shows_every_strategys_bars(rep, tmp_path):
 
 @needs_chromium
 def test_screenshot_of_the_full_page_shows_every_strategys_bars(page_html, tmp_path):
-    doc = tmp_path / "report.html"
-    doc.write_text(page_html)
-    planned, within, off = areas(screenshot(doc, tmp_path / "report.png"))
+    planned, within, off = bar_areas(tmp_path / "report.html", page_html)
     unit = planned / 16
     assert unit > 100 * 12, planned
     assert within == pytest.approx(8 * unit, rel=0.1), (planned, within, off)
