@@ -287,7 +287,7 @@ def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
     def planned(s: Strategy) -> KVPlan:
         from kvaudit import plan
 
-        key = (s.platform, s.kv_budget.by if s.kv_budget else "")
+        key = plan.plan_key(s)
         if key not in plans:
             plans[key] = plan.plan_for(deployment, s)
         return plans[key]

@@ -67,7 +67,7 @@ def history(d: Deployment, versions: list[str], progress: Any = None) -> list[Ro
     """Audit each release's own code on ``d`` (meta meter), oldest first."""
     from kvaudit.audit import run_audit
     from kvaudit.meters import MetaMeter
-    from kvaudit.plan import build_plan, plan_for
+    from kvaudit.plan import build_plan, plan_for, plan_key
 
     plans: dict[tuple[str, str], Any] = {}
     rows: list[Row] = []
@@ -84,7 +84,7 @@ def history(d: Deployment, versions: list[str], progress: Any = None) -> list[Ro
             continue
         try:
             s = release_strategy(v)
-            key = (s.platform, s.kv_budget.by if s.kv_budget else "")  # the budget code differs by release
+            key = plan_key(s)  # from 0.28 the budget code is each release's own
             if key not in plans:
                 plans[key] = plan_for(d, s)
             r = run_audit(d, plans[key], s, MetaMeter())

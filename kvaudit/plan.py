@@ -305,6 +305,12 @@ def _layer_specs(v: _Vllm, built: Any, vc: Any, d: Deployment, rule: PlatformRul
     return specs
 
 
+def plan_key(strategy: Any) -> tuple[str, str]:
+    """Strategies with the same key allocate the same plan of a deployment: the platform rule, and whose
+    budget code (if any) gives vLLM's planner its budget."""
+    return strategy.platform, strategy.kv_budget.by if strategy.kv_budget else ""
+
+
 def plan_for(d: Deployment, strategy: Any) -> KVPlan:
     """The plan a strategy allocates: vLLM's, under the strategy's platform rule, with the KV budget its
     release's worker hands the planner (``Strategy.kv_budget``; the deployment's own with

@@ -250,8 +250,6 @@ def plan_for(stage: PlanStage, strategy: Any, path: Path) -> KVPlan:
     name = stage.strategies.get(strategy.name, strategy.platform)
     if name in stage.plans:
         return stage.plans[name]
-    if strategy.kv_budget is None and strategy.platform in stage.plans:
-        return stage.plans[strategy.platform]
     why = stage.refused.get(strategy.name)
     if why:
         raise NotAuditable(why)

@@ -134,10 +134,9 @@ class Extracted:
         """Run the allocation on a stand-in ``self`` carrying ``attributes`` and, besides the extracted
         ones, ``methods`` (the runner's base-class methods the code calls, e.g. vLLM's own); ``modules``
         are modules of the code's package with known contents (what its build writes)."""
-        cls = type("RunnerStandIn", (_Attrs,), {**(methods or {}), **self.functions})
-        runner = cls(self.label + "'s " + self.method, "self", attributes)
-        with _placeholder_package(self.package, self.label, modules or {}):
-            return getattr(runner, ALLOCATE)(kv_cache_config)
+        runner = stand_in(f"{self.label}'s {self.method}", "self", attributes, {**(methods or {}), **self.functions})
+        return run_extracted(self.functions[ALLOCATE], runner, kv_cache_config, label=self.label,
+                             package=self.package, known=modules)
 
 
 def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extracted:
