@@ -17,15 +17,22 @@ _UNITS = {
     "g": 1000**3, "gb": 1000**3, "gib": GiB,
     "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+MAX_BYTES = 1 << 50
+"""The largest byte figure kvaudit takes (1 PiB): device memory, weights, budgets and planned tensors alike.
+The largest accelerator memory today is a few hundred GiB; beyond this a figure describes no device."""
+
+_SIZE = re.compile(r"^\s*([0-9]{0,30}\.?[0-9]{1,30}(?:[eE][+-]?[0-9]{1,4})?)\s*([a-zA-Z]{0,3})\s*$")
 
 
 def parse_size(text: str | int | float, what: str = "size", allow_zero: bool = False) -> int:
-    """Parse a byte size such as ``65452113920``, ``60.96GiB`` or ``2 GB``; must be > 0 (or >= 0)."""
+    """Parse a byte size such as ``65452113920``, ``60.96GiB`` or ``2 GB``; must be > 0 (or >= 0) and at most
+    ``MAX_BYTES``."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what} {text!r} is not a size (examples: 65452113920, 60.96GiB, 512MiB)")
     if isinstance(text, (int, float)):
         value, unit = float(text), ""
     else:
-        m = _SIZE.match(str(text))
+        m = _SIZE.match(str(text)[:100])
         if not m:
             if str(text).strip().startswith("-"):
                 raise UsageError(f"{what} must be positive, got {text!r}")
@@ -33,7 +40,12 @@ def parse_size(text: str | int | float, what: str = "size", allow_zero: bool = F
         value, unit = float(m.group(1)), m.group(2).lower()
         if unit not in _UNITS:
             raise UsageError(f"{what} {text!r} has an unknown unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
-    nbytes = int(round(value * _UNITS[unit]))
+    scaled = value * _UNITS[unit]
+    if scaled != scaled:  # NaN
+        raise UsageError(f"{what} {text!r} is not a size (examples: 65452113920, 60.96GiB, 512MiB)")
+    if scaled > MAX_BYTES:  # inf, 1e309, or simply more than any device has
+        raise UsageError(f"{what} {text!r} is more than kvaudit takes (1 PiB, {MAX_BYTES:,} B)")
+    nbytes = int(round(scaled))
     if nbytes < 0 or (nbytes == 0 and not allow_zero):
         raise UsageError(f"{what} must be positive, got {text!r}")
     return nbytes
