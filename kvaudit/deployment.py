@@ -12,12 +12,19 @@ from pathlib import Path
 
 from kvaudit.errors import UsageError
 from kvaudit.spec import ModelSpec, load_model_spec
-from kvaudit.units import GiB
+from kvaudit.units import MAX_BYTES, GiB
 
 DEFAULT_OVERHEAD_BYTES = 2 * GiB
 """Non-KV memory beside the weights (peak activations of vLLM's profile run plus non-torch
 allocations). An allowance, not a measurement: public Qwen3-Next logs on Atlas A2 imply 1.6-2.4 GiB
 (see README). Override with ``--overhead``."""
+
+
+LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
+          "max_num_seqs": 1 << 20, "num_speculative_tokens": 64}
+"""The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
+and PP 2-16 in public vllm-ascend and vLLM deployments; max_model_len as ``spec.AT_MOST``'s positions), so that
+no option makes kvaudit build millions of objects. Byte options are bounded by ``units.MAX_BYTES``."""
 
 
 @dataclass(frozen=True)
@@ -254,3 +261,44 @@ class Deployment:
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
             "hf_overrides": self.hf_overrides,
         }
+
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+MAMBA_CACHE_MODES = ("none", "align", "all")
+
+
+def check_deployment(d: Deployment) -> None:
+    """Refuse, in one line (exit 2), a deployment no vLLM could run: each option in its range (``LIMITS``,
+    ``units.MAX_BYTES``), the PP split against the model's layers. The command line, policy files, triage
+    (all through ``kvaudit.plan.make_deployment``) and saved plans (``kvaudit.planfile``) pass through here."""
+    if not (isinstance(d.gpu_memory_utilization, (int, float)) and 0.0 < d.gpu_memory_utilization <= 1.0):
+        raise UsageError(f"--util must be in (0, 1], got {d.gpu_memory_utilization}")
+    for what, n, key in (("--tp", d.tp, "tp"), ("--pp", d.pp, "pp"), ("--max-model-len", d.max_model_len, "max_model_len"),
+                         ("--num-blocks", d.num_blocks_override, "num_blocks"), ("--block-size", d.block_size, "block_size"),
+                         ("--max-num-seqs", d.max_num_seqs, "max_num_seqs")):
+        if n is not None and n < 1:
+            raise UsageError(f"{what} must be at least 1, got {n}")
+        if n is not None and n > LIMITS[key]:
+            raise UsageError(f"{what} {n:,} is beyond any real deployment (kvaudit takes at most {LIMITS[key]:,})")
+    if not 0 <= d.pp_rank < d.pp:
+        raise UsageError(f"--pp-rank must be in [0, {d.pp}), got {d.pp_rank}")
+    if d.num_speculative_tokens < 0:
+        raise UsageError(f"--num-speculative-tokens must not be negative, got {d.num_speculative_tokens}")
+    if d.num_speculative_tokens > LIMITS["num_speculative_tokens"]:
+        raise UsageError(f"--num-speculative-tokens {d.num_speculative_tokens:,} is beyond any real deployment "
+                         f"(kvaudit takes at most {LIMITS['num_speculative_tokens']})")
+    if d.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"unknown --kv-cache-dtype {d.kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
+    if d.mamba_cache_mode is not None and d.mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise UsageError(f"unknown --mamba-cache-mode {d.mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")
+    for what, v in (("--device-memory", d.device_memory_bytes), ("--kv-cache-memory", d.kv_cache_memory_bytes)):
+        if v is not None and v <= 0:
+            raise UsageError(f"{what} must be positive, got {v}")
+        if v is not None and v > MAX_BYTES:
+            raise UsageError(f"{what} {v:,} B is more than kvaudit takes (1 PiB, {MAX_BYTES:,} B)")
+    for what, v in (("--overhead", d.overhead_bytes), ("--weights", d.weights_bytes)):
+        if v < 0:
+            raise UsageError(f"{what} must not be negative, got {v}")
+        if v > MAX_BYTES:
+            raise UsageError(f"{what} {v:,} B is more than kvaudit takes (1 PiB, {MAX_BYTES:,} B)")
+    d.model.check_parallel(d.tp, d.pp)

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment, Preset
-from kvaudit.errors import ConfigError, MissingDependency, NotAuditable, UsageError
+from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment, Preset, check_deployment
+from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
-from kvaudit.spec import ModelSpec
+from kvaudit.spec import ModelSpec, check_config, with_overrides
 from kvaudit.strategy import KVBudget
 from kvaudit.units import fmt_bytes
 
@@ -234,8 +234,9 @@ def engine_config(d: Deployment) -> Any:
 
     v = load_vllm()
     c = v.config
+    patched = stand_ins()  # (imports vLLM's model modules: outside the try, whose errors are the config's)
     try:
-        with quiet_vllm(), stand_ins():
+        with quiet_vllm(), patched:
             mc = c.ModelConfig(model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype,
                                max_model_len=d.max_model_len, quantization=d.quantization,
                                hf_overrides=dict(d.hf_overrides or {}))
@@ -259,8 +260,11 @@ def engine_config(d: Deployment) -> Any:
                     method="mtp", num_speculative_tokens=d.num_speculative_tokens, target_model_config=mc,
                     target_parallel_config=kwargs["parallel_config"])
             vc = c.VllmConfig(**kwargs)
-    except (ValueError, TypeError, NotImplementedError, AssertionError) as e:
-        raise ConfigError(f"vLLM rejected {d.model.config_path} for this deployment: {_first_line(e)}") from None
+    except (KvauditError, MemoryError):
+        raise
+    except Exception as e:  # vLLM's and transformers' config code on the user's config: pydantic's and
+        # huggingface_hub's validation errors, ValueError, and what their arithmetic raises on odd values
+        raise ConfigError(f"vLLM rejected {d.model.config_path} for this deployment: {_why(e)}") from None
     # With no accelerator vLLM's UnspecifiedPlatform turns the hybrid KV-cache manager off; every
     # platform kvaudit audits (CUDA, Ascend) keeps it on.
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
@@ -349,12 +353,21 @@ def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) 
             need = f" (one block of every group needs {per_block:,} B)" if per_block else ""
             raise ConfigError(
                 f"vLLM's planner refused the budget of {budget:,} B{need}: {_first_line(e)}") from None
+        except (ArithmeticError, AssertionError, TypeError, KeyError) as e:  # vLLM's invariants, on odd specs
+            raise ConfigError(f"vLLM {v.version}'s planner could not plan {d.model.name}: {_why(e)}") from None
     if cfg.num_blocks < 1:
         raise ConfigError(f"the KV budget {budget} B holds no block of every group")
     plan = _to_plan(cfg, vc, d, rule, specs, v.version)
     if kv_budget is not None and budget != d.kv_budget_bytes:
         plan = dataclasses.replace(plan, kv_budget_bytes=budget, kv_budget_by=kv_budget.by)
     return plan
+
+
+def _why(e: BaseException) -> str:
+    """The reason in one line, naming the exception where its type is the only hint (``ZeroDivisionError``)."""
+    line = _first_line(e)
+    return line if isinstance(e, (ValueError, TypeError)) and line != type(e).__name__ else \
+        f"{type(e).__name__}: {line}"
 
 
 def _first_line(e: BaseException) -> str:
@@ -422,10 +435,6 @@ def shared_by_view(tensors: Any, num_blocks: int, page_size: dict[str, int]) -> 
 
 # --- the deployment, as vLLM resolves it ------------------------------------------------------------
 
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
-MAMBA_CACHE_MODES = ("none", "align", "all")
-
-
 def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank: int = 0) -> Deployment:
     """The deployment options ``o`` describe (vLLM's flag names: ``tp``, ``util``, ``kv_cache_dtype``,
     ...; sizes as text such as ``80GiB``), with the preset's TP, length and device where ``o`` leaves
@@ -490,29 +499,8 @@ def make_deployment(
 ) -> Deployment:
     """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
     and build its model for this rank to weigh it; impossible numbers are one-line errors."""
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise UsageError(f"--util must be in (0, 1], got {gpu_memory_utilization}")
-    for what, n in (("--tp", tp), ("--pp", pp), ("--max-model-len", max_model_len), ("--num-blocks", num_blocks_override),
-                    ("--block-size", block_size), ("--max-num-seqs", max_num_seqs)):
-        if n is not None and n < 1:
-            raise UsageError(f"{what} must be at least 1, got {n}")
-    if not 0 <= pp_rank < pp:
-        raise UsageError(f"--pp-rank must be in [0, {pp}), got {pp_rank}")
-    if num_speculative_tokens < 0:
-        raise UsageError(f"--num-speculative-tokens must not be negative, got {num_speculative_tokens}")
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise UsageError(f"unknown --kv-cache-dtype {kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
-    if mamba_cache_mode is not None and mamba_cache_mode not in MAMBA_CACHE_MODES:
-        raise UsageError(f"unknown --mamba-cache-mode {mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")
     if device not in DEVICES and device_memory_bytes is None:
         raise UsageError(f"unknown --device {device!r} (known: {', '.join(DEVICES)}); or give --device-memory")
-    for what, v in (("--device-memory", device_memory_bytes), ("--weights", weights_bytes),
-                    ("--kv-cache-memory", kv_cache_memory_bytes)):
-        if v is not None and v <= 0:
-            raise UsageError(f"{what} must be positive, got {v}")
-    if overhead_bytes < 0:
-        raise UsageError(f"--overhead must not be negative, got {overhead_bytes}")
-    model.check_parallel(tp, pp)
     mem = device_memory_bytes if device_memory_bytes is not None else DEVICES[device].memory_bytes
     d = Deployment(model=model, tp=tp, dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
                    device=device if device_memory_bytes is None else "custom", device_memory_bytes=mem,
@@ -524,6 +512,11 @@ def make_deployment(
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
                    hf_overrides=hf_overrides)
+    if weights_bytes is not None and weights_bytes <= 0:
+        raise UsageError(f"--weights must be positive, got {weights_bytes}")
+    check_deployment(d)
+    if hf_overrides:  # the config vLLM plans is the one with the overrides applied: checked as the file was
+        check_config(with_overrides(model.raw, hf_overrides), f"{model.config_path} with --hf-overrides")
     built = model_for(d)
     mc = built.vllm_config.model_config
     resolved: dict[str, Any] = dict(dtype=str(mc.dtype).removeprefix("torch."), max_model_len=mc.max_model_len,

@@ -52,19 +52,17 @@ class ModelSpec:
 
 def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     """Read ``config.json`` (or a model directory holding one) into a checked ``ModelSpec``."""
+    from kvaudit.jsonfile import read_json
+
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config not found: {p}")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {p}: {e}") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        cfg = read_json(p, "HuggingFace config.json", "give a model folder or its config.json")
+    except UsageError as e:
+        raise ConfigError(e.message) from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{p} must hold a JSON object, not {type(cfg).__name__}")
     if "model_type" not in cfg and {"d_model", "n_layer"} <= set(cfg):
@@ -76,29 +74,108 @@ def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     archs = cfg.get("architectures")
     if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
         raise ConfigError(f"{p}: missing 'architectures' (vLLM resolves the model class from it)")
-    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    layers = _positive(tc, "num_hidden_layers", p)
-    _check_heads(tc, p)
-    _check_layer_types(tc, layers, p)
+    tc = check_config(cfg, p)
     mpe = tc.get("max_position_embeddings")
-    _check_sliding_window(tc, mpe, p)
     quant = cfg.get("quantization_config")
     return ModelSpec(
         name=name or p.parent.name, config_path=p, model_type=model_type, architecture=archs[0],
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or tc.get("torch_dtype") or tc.get("dtype") or "auto"),
-        num_hidden_layers=layers, max_position_embeddings=mpe if isinstance(mpe, int) else None,
+        num_hidden_layers=tc["num_hidden_layers"], max_position_embeddings=mpe if isinstance(mpe, int) else None,
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) and quant.get("quant_method") else None,
         raw=dict(cfg), text=dict(tc))
 
 
-def _positive(cfg: Mapping[str, Any], key: str, path: Path) -> int:
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: ``text_config`` inside a multimodal wrapper, else the config itself."""
+    tc = cfg.get("text_config")
+    return tc if isinstance(tc, dict) else cfg
+
+
+def check_config(cfg: Mapping[str, Any], where: Any) -> Mapping[str, Any]:
+    """Refuse, in one line naming ``where`` (exit 2), a config that describes no model, and return its text
+    config: the checks of ``load_model_spec``, run again by ``kvaudit.plan`` on the config with
+    ``--hf-overrides`` applied. vLLM would plan many such configs (a ``full_attention_interval`` of -1 as 48
+    full-attention layers, a ``sliding_window`` of 0 as full attention, a ``hidden_size`` of 0) and every
+    strategy would pass on a model that does not exist."""
+    tc = text_config(cfg)
+    layers = _positive(tc, "num_hidden_layers", where)
+    for c in ((tc, cfg) if tc is not cfg else (cfg,)):
+        _check_sizes(c, where)
+    _check_heads(tc, where)
+    _check_layer_types(tc, layers, where)
+    _check_sliding_window(tc, tc.get("max_position_embeddings"), where)
+    return tc
+
+
+def with_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The config as vLLM applies ``--hf-overrides`` to it (``ModelConfig``): flat keys set on the config
+    itself, a table merged into the sub-config of that name (``{"text_config": {...}}``)."""
+    out = dict(cfg)
+    for key, value in (overrides or {}).items():
+        out[key] = with_overrides(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+AT_LEAST_ONE = (
+    "num_hidden_layers", "num_layers", "n_layer", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+    "sliding_window", "sliding_window_pattern", "full_attention_interval", "attention_chunk_size",
+    "num_experts_per_tok", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_head",
+    "mamba_head_dim", "mamba_n_groups", "ssm_state_size", "conv_kernel", "n_groups", "attn_layer_period",
+    "expert_layer_period", "decoder_sparse_step")
+"""Config fields that, where a config sets them (not ``null``), are sizes, counts, periods or windows of at least
+1: HuggingFace's definitions ("Dimension of the hidden representations", "Number of hidden layers", "the
+sliding window attention window size", a full-attention layer "every N layers"). 0 or less describes no model."""
+
+AT_LEAST_ZERO = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts",
+                 "num_nextn_predict_layers", "first_k_dense_replace", "shared_expert_intermediate_size")
+"""Counts where 0 is a model without that part (a dense Granite 4.0-H has ``num_local_experts: 0``); negative
+describes none."""
+
+AT_MOST = {
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "num_nextn_predict_layers"), 512),
+    "hidden_size": 1 << 17,
+    **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"), 1 << 20),
+    "vocab_size": 1 << 22,
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+                     "mamba_n_heads"), 1024),
+    **dict.fromkeys(("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank",
+                     "linear_key_head_dim", "linear_value_head_dim", "mamba_d_head", "mamba_head_dim"), 1 << 14),
+    "max_position_embeddings": 1 << 28,
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 1 << 14),
+}
+"""Upper bounds, far beyond any real model, so that no config makes kvaudit build millions of layers: the
+largest public configs have 126 layers, hidden size 16,384, intermediate size 53,248 and 128 heads
+(Llama 3.1 405B), a 262,208-token vocabulary (Gemma 3), 10,485,760 positions (Llama 4 Scout) and 512 experts
+(Qwen3-Next)."""
+
+
+def _check_sizes(cfg: Mapping[str, Any], where: Any) -> None:
+    for key, least in (*((k, 1) for k in AT_LEAST_ONE), *((k, 0) for k in AT_LEAST_ZERO)):
+        v = cfg.get(key)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue  # absent, null (none of it) or not a number: vLLM's and transformers' own checks judge it
+        if key == "sliding_window" and cfg.get("use_sliding_window") is False:
+            continue  # (Qwen2's configs: a window that is not used)
+        if v < least:
+            raise ConfigError(f"{where}: field {key!r} is {v!r}; it must be at least {least}: a config with it "
+                              "describes no model" + (" (null means none)" if key == "sliding_window" else ""))
+        if key in AT_MOST and v > AT_MOST[key]:
+            raise ConfigError(f"{where}: field {key!r} is {v:,}, beyond any real model (kvaudit takes at most "
+                              f"{AT_MOST[key]:,})")
+
+
+def _positive(cfg: Mapping[str, Any], key: str, path: Any) -> int:
     v = cfg.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ConfigError(f"{path}: field {key!r} must be a positive integer, got {v!r}")
     return v
 
 
-def _check_heads(tc: Mapping[str, Any], path: Path) -> None:
+def _check_heads(tc: Mapping[str, Any], path: Any) -> None:
     heads, kv = tc.get("num_attention_heads"), tc.get("num_key_value_heads")
     for key, v in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
@@ -108,7 +185,7 @@ def _check_heads(tc: Mapping[str, Any], path: Path) -> None:
                           "grouped-query attention needs whole groups")
 
 
-def _check_layer_types(tc: Mapping[str, Any], layers: int, path: Path) -> None:
+def _check_layer_types(tc: Mapping[str, Any], layers: int, path: Any) -> None:
     kinds = tc.get("layer_types")
     if kinds is None:
         return
@@ -121,7 +198,7 @@ def _check_layer_types(tc: Mapping[str, Any], layers: int, path: Path) -> None:
         raise ConfigError(f"{path}: 'layer_types' lists {len(kinds)} layers, the config has {layers}")
 
 
-def _check_sliding_window(tc: Mapping[str, Any], mpe: Any, path: Path) -> None:
+def _check_sliding_window(tc: Mapping[str, Any], mpe: Any, path: Any) -> None:
     window = tc.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or tc.get("use_sliding_window") is False:
         return

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from kvaudit.errors import ConfigError
+from kvaudit.errors import ConfigError, KvauditError
 
 
 @dataclass
@@ -45,9 +45,15 @@ class BuiltModel:
         the cache settings of ``vllm_config`` (a copy of the build config with its own cache config)."""
         vc = vllm_config or self.vllm_config
         v = _modules()
-        with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank), \
-                v.config.set_current_vllm_config(vc):
-            return dict(v.attn_utils.get_kv_cache_spec(vc))
+        try:
+            with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank), \
+                    v.config.set_current_vllm_config(vc):
+                return dict(v.attn_utils.get_kv_cache_spec(vc))
+        except (KvauditError, MemoryError):
+            raise
+        except Exception as e:  # vLLM's layers on the user's config
+            raise ConfigError(f"vLLM's {self.architecture} could not give its KV-cache specs for this deployment: "
+                              f"{type(e).__name__}: {_first_line(e)}") from None
 
 
 class _Modules:
@@ -345,8 +351,9 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
                 torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
             models = [v.loader.initialize_model(vllm_config=vc)]
             models += _draft_model(v, vc)
-    except (ValueError, NotImplementedError, AssertionError, KeyError, TypeError, AttributeError,
-            RuntimeError, ImportError) as e:
+    except (KvauditError, MemoryError):
+        raise
+    except Exception as e:  # vLLM's model code on the user's config (a ZeroDivisionError on odd sizes, too)
         raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
                           f"{_first_line(e)}") from None
     built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),

@@ -42,7 +42,7 @@ def test_audit_with_config_path_is_the_same_as_the_preset(capsys):
 
 BAD_INPUT = [
     (["audit", "--config", "/nonexistent/config.json"], "config not found"),
-    (["audit", "--config", "{tmp}/notjson.json"], "not valid JSON"),
+    (["audit", "--config", "{tmp}/notjson.json"], "not JSON ("),
     (["audit", "--config", "{tmp}/missing.json"], "missing 'architectures'"),
     (["audit", "--config", "{tmp}/gpt2.json"], "'num_hidden_layers' must be a positive integer"),
     (["audit"], "exactly one of --config"),

@@ -57,7 +57,7 @@ def _gemma_window(window: int) -> dict:
 
 
 @pytest.mark.parametrize("cfg, message", [
-    ("{ not json", "not valid JSON"),
+    ("{ not json", "not JSON \\(Expecting property name"),
     ("[1, 2]", "must hold a JSON object"),
     ({"hidden_size": 1}, "missing required field 'model_type'"),
     ({"d_model": 2560, "n_layer": 64, "vocab_size": 50277, "ssm_cfg": {}}, "mamba_ssm's format"),
