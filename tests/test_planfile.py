@@ -165,7 +165,7 @@ def test_release_code_needs_the_live_plan(saved, capsys):
     ("", "x.plan.json: empty file, not a kvaudit plan file"),
     ('{"format": "kvaudit-report"}', "is not a kvaudit plan file"),
     ('{"format": "kvaudit-plan", "format_version": 99}', "is plan format 99"),
-    ('{"format": "kvaudit-plan", "format_version": 1, "stages": [{"plans": {}}]}', "entry 'deployment' is missing"),
+    ('{"format": "kvaudit-plan", "format_version": 1, "stages": [{"plans": {}}]}', "stages[0] has no 'deployment'"),
     ('{"format": "kvaudit-plan", "format_version": 1, "stages": []}', "holds no plan"),
 ])
 def test_a_file_that_is_not_a_plan_is_one_line_and_exit_2(content, message, tmp_path, capsys):
@@ -180,7 +180,7 @@ def test_a_file_that_is_not_a_plan_is_one_line_and_exit_2(content, message, tmp_
 def test_an_edited_plan_entry_is_named(saved, tmp_path, capsys):
     path = _edited(saved, tmp_path, lambda doc: doc["stages"][0]["deployment"].update(colour="red"))
     code, out, err = _run(["audit", "--plan", str(path)], capsys)
-    assert code == 2 and "entry 'colour' is missing or unknown" in err
+    assert code == 2 and "stages[0].deployment has an unknown entry 'colour'" in err
 
 
 @pytest.mark.parametrize("extra, flag", [(["--util", "0.8"], "--util"), (["--tp", "2"], "--tp"),
@@ -212,3 +212,84 @@ def test_a_plugin_written_against_kvcacheconfig_gets_vllms_object_rebuilt(saved,
     ratios = {a["strategy"]: round(a["ratio"], 2) for a in doc["audits"]}
     assert ratios == {"kvaudit_testplugin:one_buffer_per_tensor": 1.0, "kvaudit_testplugin:doubled": 2.0}
     assert doc["skipped"] == [] and code == 1
+
+
+def _remote_code_folder(tmp_path):
+    """A model folder whose configuration code, imported under ``trust_remote_code``, leaves a marker file."""
+    folder = tmp_path / "evil-model"
+    folder.mkdir()
+    marker = tmp_path / "code-ran"
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "evil", "architectures": ["LlamaForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
+    (folder / "configuration_evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import PretrainedConfig\n\n\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    return folder, marker
+
+
+@pytest.mark.parametrize("where", ["kv_cache_config", "tensor", "layout"])
+def test_a_plan_file_never_runs_code(saved, tmp_path, capsys, where):
+    """A plan file naming a vLLM class outside the KV-cache interface (here ``ModelConfig`` with
+    ``trust_remote_code``, which imports Python from the folder it names) is refused as it is read, before
+    any strategy rebuilds vLLM's objects: the folder's code never runs."""
+    folder, marker = _remote_code_folder(tmp_path)
+    evil = {"class": "vllm.config:ModelConfig", "fields": {"model": str(folder), "trust_remote_code": True}}
+
+    def edit(doc):
+        objects = doc["stages"][0]["plans"]["cuda"]["vllm_objects"]
+        if where == "kv_cache_config":
+            objects["kv_cache_config"] = evil
+        elif where == "tensor":
+            objects["kv_cache_config"]["fields"]["kv_cache_tensors"][0] = evil
+        else:
+            objects["kv_cache_layout"] = {"enum": "vllm.config:ModelConfig", "name": "x"}
+
+    path = _edited(saved, tmp_path, edit)
+    code, out, err = _run(["audit", "--plan", str(path), "-s", "vllm", "--meter", "meta"], capsys)
+    assert not marker.exists(), "the plan file ran code"
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "vllm.config:ModelConfig" in err and "not one of the vLLM KV-cache interface" in err
+
+
+@pytest.mark.parametrize("name, why", [
+    ("vllm.v1.kv_cache_interface:KVQuantMode", "not a KVCacheSpec"),  # a class of that module, not a spec
+    ("vllm.v1.kv_cache_interface:torch", "not a class defined in"),  # a name the module imports
+    ("vllm.v1.kv_cache_interface:copy.deepcopy", "not one of the vLLM KV-cache interface"),
+])
+def test_only_kv_cache_interface_classes_are_rebuilt(name, why):
+    pytest.importorskip("vllm")
+    data = {"class": name, "fields": {}}
+    with pytest.raises(ValueError, match=why):
+        planfile.check_objects(data)
+        planfile.decode(data)
+
+
+def test_a_saved_plan_rebuilds_into_vllms_kv_cache_config(saved):
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    (stage,) = planfile.load(saved).stages
+    cfg = planfile.decode(stage.plans["cuda"].saved_vllm["kv_cache_config"])
+    assert isinstance(cfg, KVCacheConfig) and cfg.num_blocks == stage.plans["cuda"].num_blocks
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["stages"][0]["plans"]["cuda"].update(num_blocks="many"), "num_blocks is \"many\", not int"),
+    (lambda d: d["stages"][0]["plans"]["cuda"].update(num_blocks=0), "num_blocks is 0, not in [1,"),
+    (lambda d: d["stages"][0]["plans"]["cuda"]["tensors"][0].update(shared_by=[]), "tensors[0] is shared by no layer"),
+    (lambda d: d["stages"][0]["plans"]["cuda"]["groups"][0].update(page_size_bytes=-1), "page_size_bytes is -1"),
+    (lambda d: d["stages"][0]["plans"]["cuda"].update(platform="tpu"), "platform 'tpu' is not a platform rule"),
+    (lambda d: d["stages"][0]["deployment"].update(tensor_parallel_size=0), "unknown entry 'tensor_parallel_size'"),
+    (lambda d: d["stages"][0]["deployment"].update(tp=0), "--tp must be at least 1"),
+    (lambda d: d["stages"][0]["deployment"].update(device_memory_bytes=0), "--device-memory must be positive"),
+    (lambda d: d["stages"][0]["deployment"].update(gpu_memory_utilization=float("nan")), "gpu_memory_utilization is NaN"),
+    (lambda d: d["stages"][0]["deployment"]["model"]["config"].update(hidden_size=0), "'hidden_size' is 0"),
+    (lambda d: d["stages"][0]["strategies"].update(vllm="nowhere"), "names no saved plan"),
+    (lambda d: d["stages"][0]["highest_safe_utilization"].update(vllm=7), "is 7.0, not in [0, 1]"),
+    (lambda d: d["stages"][0]["plans"]["cuda"]["capacity"].update(tokens=None), "capacity.tokens is null, not int"),
+])
+def test_every_entry_of_a_plan_file_is_checked(saved, tmp_path, capsys, edit, message):
+    code, out, err = _run(["audit", "--plan", str(_edited(saved, tmp_path, edit))], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
