@@ -1,7 +1,9 @@
 """The ``kvaudit`` command on typer and rich: options, commands, rendering, errors mapped to exit codes.
 
-Exit codes: 0 every audited strategy passed, 1 any failed, 2 bad input, 3 could not measure.
-Neither torch nor vLLM is imported until a command needs them (``kvaudit --help`` stays fast).
+Exit codes (``kvaudit.errors.EXIT_CODES``): 0 every audited strategy passed, 1 any failed, 2 bad input,
+3 could not measure, 4 a bug in kvaudit (never a finding), 130 interrupted. Every error is one line on
+stderr; ``--debug`` adds the traceback. A reader that closes stdout early (``| head``) does not change
+the exit code. Neither torch nor vLLM is imported until a command needs them (``kvaudit --help`` stays fast).
 Every option is declared once (``Opt``) and shared by the commands that take it; each command body
 reads the parsed options as one namespace, so commands keep the same names as vLLM's flags.
 """
@@ -19,12 +21,14 @@ import typer
 
 from kvaudit import __version__
 from kvaudit.deployment import PRESETS
-from kvaudit.errors import EXIT_BAD_INPUT, KvauditError, MissingDependency, UsageError, missing_dependency
+from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, KvauditError,
+                            MissingDependency, UsageError, missing_dependency)
 from kvaudit.options import AUDIT, DEPLOYMENT_OPTIONS, MODEL, OUTPUT, Opt
 from kvaudit.results import DEFAULT_TOLERANCE
 
 DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs allocated bytes per layer "
-               "and group, with a verdict. Exit codes: 0 pass, 1 fail, 2 bad input, 3 could not measure.")
+               "and group, with a verdict. Exit codes: "
+               + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + ".")
 
 
 TABLE_WIDTH = 120
@@ -79,12 +83,25 @@ def _command(app: typer.Typer, name: str, body: Callable[[Any], int], options: t
     the command sets itself, as a preset's name)."""
 
     def command(**values: Any) -> int:
-        return body(SimpleNamespace(**(fixed or {}), **values))
+        try:
+            return body(SimpleNamespace(**(fixed or {}), **values))
+        except BaseException as e:  # past typer and click, which map some exceptions to exit codes of their own
+            raise _Raised(e) from None
 
     command.__signature__ = inspect.Signature([o.parameter() for o in options])  # type: ignore[attr-defined]
     command.__doc__ = description or help
     command.__name__ = name.replace("-", "_").replace(".", "_")
     app.command(name, help=description or help, short_help=help, rich_help_panel=panel)(command)
+
+
+class _Raised(Exception):
+    """What a command body raised, carried past typer and click: they turn ``KeyboardInterrupt`` into a
+    silent 130, ``EOFError`` (a truncated archive, too) into an abort, and a broken pipe into exit 1;
+    kvaudit maps every exception itself (``main``)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(repr(raised))
+        self.raised = raised
 
 
 def audit_command(a: Any) -> int:
@@ -389,17 +406,29 @@ def _write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
 
 
 def _check_outputs(*paths: str | None) -> None:
-    """Refuse, before any work, an output file that cannot be written (its folder does not exist)."""
+    """Refuse, before any work, an output file that cannot be written: a folder, a missing folder, a file
+    or folder without write permission, a read-only file system (a file is made in its folder and removed)."""
+    import tempfile
     from pathlib import Path
 
     for path in paths:
         if path is None:
             continue
-        p = Path(path)
+        p = Path(path).expanduser()
         if p.is_dir():
             raise UsageError(f"{path} is a directory, not a file to write")
         if not p.parent.is_dir():
             raise UsageError(f"cannot write {path}: folder {p.parent} does not exist")
+        try:
+            if p.exists():
+                if not os.access(p, os.W_OK):
+                    raise PermissionError(13, "Permission denied")
+            else:
+                fd, probe = tempfile.mkstemp(dir=p.parent, prefix=".kvaudit-write-check-")
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _write(path: str, text: str) -> None:
@@ -429,7 +458,9 @@ def build_app() -> typer.Typer:
 
     @app.callback()
     def root(version: Annotated[bool, typer.Option("--version", help="Print kvaudit's version and exit.",
-                                                   is_eager=True, callback=_version)] = False) -> None:
+                                                   is_eager=True, callback=_version)] = False,
+             debug: Annotated[bool, typer.Option("--debug", help="On an error, also print its traceback (taken "
+                                                 "anywhere on the command line; or KVAUDIT_DEBUG=1).")] = False) -> None:
         """Audit a KV-cache allocator against vLLM's own plan."""
 
     plan_file = Opt("plan", Optional[str], None, ("--plan",),
@@ -515,6 +546,8 @@ def _invoke(argv: list[str]) -> int:
     command = typer.main.get_command(build_app())
     try:
         code = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
+    except _Raised as e:
+        raise e.raised from None
     except ex.UsageError as e:  # click's usage errors: several lines with the usage; here one, naming the command
         where = e.ctx.command_path.partition(" ")[2] if e.ctx is not None else ""
         raise UsageError((f"{where}: " if where else "") + e.format_message()) from None
@@ -532,7 +565,7 @@ def _print_help_to_stderr() -> None:
         _invoke(["--help"])
 
 
-def _elsewhere(argv: list[str]) -> int | None:
+def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
     """``--vllm-python PYTHON``: run this very command with another environment's interpreter (its vLLM
     plans), kvaudit's own source on its path; its output and exit code are this command's."""
     import subprocess
@@ -561,39 +594,114 @@ def _elsewhere(argv: list[str]) -> int | None:
     source = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, KVAUDIT_IN_VLLM_PYTHON=str(exe),
                PYTHONPATH=os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])))
+    if debug:
+        env["KVAUDIT_DEBUG"] = "1"
     _note(f"kvaudit: running with {exe} (its vLLM plans)")
     sys.stdout.flush()
     sys.stderr.flush()
     return subprocess.run([str(exe), "-m", "kvaudit", *rest], env=env).returncode
 
 
+class _PipeGuard:
+    """stdout or stderr that a closed reader cannot break: after the first broken pipe (``kvaudit ... | head``)
+    the rest of the output is dropped and the command runs on, so its exit code is still the verdict."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def _drop(self) -> None:
+        self.broken = True
+        try:  # the stream's own buffer is flushed once more at exit: into /dev/null, not the closed pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no file descriptor (a test's captured stream)
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _failure(e: BaseException) -> tuple[int, str]:
+    """The exit code and the one line for an exception that ended a command."""
+    if isinstance(e, KvauditError):
+        return e.exit_code, f"kvaudit: error: {e.message}"
+    if isinstance(e, ModuleNotFoundError) and not (e.name or "").startswith("kvaudit"):
+        missing = missing_dependency(e)  # a package this command needs (torch, vLLM, ...) is not installed
+        return missing.exit_code, f"kvaudit: error: {missing.message}"
+    if isinstance(e, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "kvaudit: interrupted"
+    if isinstance(e, MemoryError):
+        return EXIT_NOT_MEASURED, "kvaudit: error: this host ran out of memory (nothing was measured)"
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:  # the innermost frame, to name in the report
+        where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return EXIT_BUG, (f"kvaudit: internal error (a bug in kvaudit, not a finding): {type(e).__name__}: "
+                      f"{_one_line(e) or '-'}{where}; rerun with --debug for the traceback and report it "
+                      f"(exit {EXIT_BUG})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code; every error is one line on stderr."""
+    """Run the CLI and return its exit code (``kvaudit.errors.EXIT_CODES``); every error is one line on
+    stderr, with its traceback under ``--debug`` (anywhere on the command line) or ``KVAUDIT_DEBUG=1``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("KVAUDIT_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PipeGuard(sys.stdout), _PipeGuard(sys.stderr)
     try:
-        code = _elsewhere(argv or [])
-        if code is not None:
-            return code
-        if not argv and "_KVAUDIT_COMPLETE" not in os.environ:  # (shell completion runs with no arguments)
-            _print_help_to_stderr()
-            return EXIT_BAD_INPUT
-        first = argv[0] if argv else "-"
-        if not first.startswith("-") and first not in (*COMMANDS, *PRESETS):
-            raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                             f"commands: {', '.join(COMMANDS)})")
-        return _invoke(argv)
-    except KvauditError as e:
-        print(f"kvaudit: error: {e.message}", file=sys.stderr)
-        return e.exit_code
-    except ModuleNotFoundError as e:  # a package this command needs (torch, vLLM, ...) is not installed
-        missing = missing_dependency(e)
-        print(f"kvaudit: error: {missing.message}", file=sys.stderr)
-        return missing.exit_code
+        return _main(argv, debug)
     except SystemExit as e:  # shell completion exits through sys.exit
-        return int(e.code or 0)
-    except KeyboardInterrupt:
-        print("kvaudit: interrupted", file=sys.stderr)
-        return 130
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else EXIT_BAD_INPUT
+    except BaseException as e:  # noqa: BLE001 - every ending is mapped to a documented exit code
+        code, line = _failure(e)
+        if debug:
+            import traceback
+
+            traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+        print(line, file=sys.stderr)
+        return code
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _main(argv: list[str], debug: bool) -> int:
+    code = _elsewhere(argv or [], debug)
+    if code is not None:
+        return code
+    if not argv and "_KVAUDIT_COMPLETE" not in os.environ:  # (shell completion runs with no arguments)
+        _print_help_to_stderr()
+        return EXIT_BAD_INPUT
+    first = argv[0] if argv else "-"
+    if not first.startswith("-") and first not in (*COMMANDS, *PRESETS):
+        raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
+                         f"commands: {', '.join(COMMANDS)})")
+    return _invoke(argv)
 
 
 def run() -> None:

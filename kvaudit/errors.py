@@ -75,8 +75,23 @@ class NotAuditable(KvauditError):
 EXIT_PASS = 0
 """Every audited strategy allocated what vLLM planned, within tolerance."""
 EXIT_FAIL = 1
-"""At least one audited strategy over- or under-allocated."""
+"""At least one audited strategy over- or under-allocated: a finding."""
 EXIT_BAD_INPUT = 2
-"""Bad input: config, preset, option, or a deployment that cannot hold one block."""
+"""Bad input: config, preset, option, file, or a deployment vLLM refuses or that cannot hold one block."""
 EXIT_NOT_MEASURED = 3
-"""The audit could not measure: meter unavailable, host too small, strategy broke."""
+"""The audit could not measure: meter unavailable, host too small, a package missing, strategy broke."""
+EXIT_BUG = 4
+"""kvaudit itself failed: an exception kvaudit does not expect, i.e. a bug in kvaudit, never a finding
+(one line naming it; ``--debug`` prints the traceback)."""
+EXIT_INTERRUPTED = 130
+"""Interrupted (Ctrl-C, SIGINT), as shells report a process ended by SIGINT (128 + 2)."""
+
+EXIT_CODES = {
+    EXIT_PASS: "every audited strategy allocated what vLLM planned",
+    EXIT_FAIL: "a strategy over- or under-allocated (a finding)",
+    EXIT_BAD_INPUT: "bad input (a config, option or file; a deployment vLLM refuses)",
+    EXIT_NOT_MEASURED: "could not measure (no meter, host too small, a package missing, a strategy broke)",
+    EXIT_BUG: "kvaudit failed: a bug in kvaudit, not a finding (--debug shows the traceback)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+"""Every exit code kvaudit ends with, in one place (``--help``, the README and the tests read it)."""

@@ -170,3 +170,119 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_audit(tmp_p
     assert code == 2 and out == "" and err.strip().startswith("kvaudit: error: cannot write") and "planning" not in err
     code, out, err = _run(["check", "kvaudit.toml", "--junit", str(tmp_path)], capsys)
     assert code == 2 and f"{tmp_path} is a directory" in err
+
+
+def _raising(monkeypatch, exc):
+    """Make the audit command's first step raise ``exc``."""
+    import kvaudit.cli
+
+    def boom(a):
+        raise exc
+
+    monkeypatch.setattr(kvaudit.cli, "_model", boom)
+
+
+def test_an_unexpected_exception_is_exit_4_in_one_line_never_a_finding(capsys, monkeypatch):
+    _raising(monkeypatch, ZeroDivisionError("division by zero"))
+    code, out, err = _run(["qwen3-next", "--meter", "meta"], capsys)
+    assert code == 4 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("kvaudit: internal error (a bug in kvaudit, not a finding): ZeroDivisionError: division by "
+                          "zero at test_cli.py:") and "--debug" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--debug", "qwen3-next", "--meter", "meta"], ["qwen3-next", "--meter", "meta", "--debug"]])
+def test_debug_adds_the_traceback(capsys, monkeypatch, argv):
+    _raising(monkeypatch, ZeroDivisionError("division by zero"))
+    code, out, err = _run(argv, capsys)
+    lines = err.strip().splitlines()
+    assert code == 4 and lines[0] == "Traceback (most recent call last):" and "in boom" in err
+    assert lines[-1].startswith("kvaudit: internal error")
+
+
+@pytest.mark.parametrize("exc, code, line", [
+    (KeyboardInterrupt(), 130, "kvaudit: interrupted"),
+    # click reads EOFError as Ctrl-D at a prompt; a truncated archive raises it too
+    (EOFError("Compressed file ended before the end-of-stream marker was reached"), 4,
+     "kvaudit: internal error (a bug in kvaudit, not a finding): EOFError: Compressed file ended"),
+    (BrokenPipeError(32, "Broken pipe"), 4, "kvaudit: internal error (a bug in kvaudit, not a finding): BrokenPipeError"),
+    (MemoryError(), 3, "kvaudit: error: this host ran out of memory"),
+    (ModuleNotFoundError("No module named 'torch'", name="torch"), 3, "kvaudit: error: this command needs the Python "
+                                                                      "package 'torch'"),
+])
+def test_every_ending_has_its_exit_code_and_line(capsys, monkeypatch, exc, code, line):
+    """typer turns KeyboardInterrupt into a silent 130, EOFError into an abort and a broken pipe into exit 1;
+    kvaudit's own mapping decides instead."""
+    _raising(monkeypatch, exc)
+    got, out, err = _run(["qwen3-next", "--meter", "meta"], capsys)
+    assert got == code and len(err.strip().splitlines()) == 1 and err.startswith(line), err
+
+
+def test_the_exit_codes_in_help_are_the_documented_ones(capsys):
+    from kvaudit.errors import EXIT_CODES
+
+    code, out, err = _run(["--help"], capsys)
+    assert code == 0 and "--debug" in out
+    assert sorted(EXIT_CODES) == [0, 1, 2, 3, 4, 130]
+    readme = (ROOT / "README.md").read_text()
+    for c, what in EXIT_CODES.items():
+        assert f"| {c} | {what} |" in readme, f"README's exit-code table lacks {c}"
+
+
+class _ClosedAfterOneLine:
+    """A stdout whose reader goes away after the first line (``| head -1``)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        if "\n" in self.text:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.text += s
+        return len(s)
+
+    def flush(self):
+        if "\n" in self.text:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("preset, verdict", [("llama-3.1-8b", 0), ("qwen3-next", 1)])
+def test_a_reader_that_closes_stdout_early_does_not_change_the_exit_code(monkeypatch, capsys, preset, verdict):
+    stdout = _ClosedAfterOneLine()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    code = main([preset, "--meter", "meta", "--detail", "summary"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == verdict and stdout.text.startswith("kvaudit") and "Traceback" not in err and "error" not in err
+
+
+def _default_sigint():
+    """In the child: SIGINT as a terminal delivers it (this test's runner may ignore or block it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def test_ctrl_c_in_a_real_process_says_interrupted_and_exits_130():
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "kvaudit", "qwen3-next", "--meter", "meta"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
+    time.sleep(2)  # while vLLM is imported (about 8 s on the CI machine kind)
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=60) == 130, rest
+    assert rest.strip().splitlines()[-1] == "kvaudit: interrupted", rest
+
+
+def test_a_run_leaves_no_temp_files(tmp_path):
+    env = dict(__import__("os").environ, TMPDIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "kvaudit", "llama-3.1-8b", "--meter", "meta", "--detail", "summary"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == []
