@@ -213,10 +213,14 @@ def _model_dir(config_path: Path) -> Path:
 
 
 def remove_temp_dirs() -> None:
-    """Remove the model directories made for config files (also done at exit)."""
+    """Remove the model directories made for config files and the distributed group's file store (also done
+    at exit)."""
     for tmp in _MODEL_DIRS.values():
         shutil.rmtree(tmp, ignore_errors=True)
     _MODEL_DIRS.clear()
+    vllm_model = sys.modules.get("kvaudit.vllm_model")
+    if vllm_model is not None:
+        vllm_model.remove_temp_files()
 
 
 def _build_key(d: Deployment) -> str:
@@ -379,8 +383,9 @@ def _first_line(e: BaseException) -> str:
             return str(first.get("msg", "")).removeprefix("Value error, ").splitlines()[0][:400]
         except Exception:  # not pydantic's errors() after all
             pass
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:400]
+    lines = (str(e).strip() or type(e).__name__).splitlines()
+    text = " ".join(lines[:2]) if lines[0].rstrip().endswith(":") else lines[0]  # "Validation error for field 'x':"
+    return " ".join(text.split())[:400]
 
 
 def _to_plan(cfg: Any, vc: Any, d: Deployment, rule: PlatformRule, specs: dict[str, Any],

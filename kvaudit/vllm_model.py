@@ -15,10 +15,13 @@ while a model is built or asked for its specs, and undone afterwards.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import importlib
 import json
+import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -298,10 +301,23 @@ def _init_distributed(v: _Modules, vc: Any) -> None:
     if workspace is not None and hasattr(workspace, "init_workspace_manager"):
         workspace.init_workspace_manager(v.torch.device("meta"))
     # vLLM silences gloo's C-level prints by dup2-ing the fd of sys.stdout: give it a real one
+    store = tempfile.mkdtemp(prefix="kvaudit-dist-")  # gloo's file store; removed by remove_temp_files
+    _TEMP_DIRS.append(store)
+    atexit.register(remove_temp_files)
     with v.config.set_current_vllm_config(vc), contextlib.redirect_stdout(sys.__stderr__):
         ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                        distributed_init_method=f"file://{tempfile.mktemp(prefix='kvaudit-dist-')}")
+                                        distributed_init_method=f"file://{os.path.join(store, 'store')}")
         ps.initialize_model_parallel(1, 1)
+
+
+_TEMP_DIRS: list[str] = []
+
+
+def remove_temp_files() -> None:
+    """Remove the folder of the gloo group's file store (``kvaudit.plan.remove_temp_dirs`` calls this before
+    the CLI ends its process; at exit otherwise)."""
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
 
 
 @contextlib.contextmanager
