@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,13 @@ CHECK_KEYS = {"meter": str, "tolerance": float, "strategies": list, "expect": st
 MODEL_KEYS = {"name": str, "config": str, "meter": str, "tolerance": float, "strategies": list,
               "expect": (str, dict), "why": (str, dict)}
 """Keys of a ``[[model]]`` entry besides the deployment options (which the command line declares)."""
+
+
+MAX_CELLS = 10_000
+"""The most cells a policy may expand to (the example policy has 84; a cell is planned and audited in about
+0.15 s): a larger matrix is refused before anything runs, naming the entry that passes the limit."""
+MAX_POLICY_BYTES = 1 << 20
+"""A policy file larger than this is refused unread (the example policy is 6 KB)."""
 
 
 class PolicyError(UsageError):
@@ -143,11 +151,17 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
     from kvaudit.deployment import PRESETS
     from kvaudit.options import deployment_option_names, value_type
 
+    from kvaudit.jsonfile import read_bytes
+
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise PolicyError(f"{path}: policy file not found" + (" (write one: see 'kvaudit check --help')"
                                                               if p.name == "kvaudit.toml" else ""))
-    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = read_bytes(p, "kvaudit policy (TOML)", "see 'kvaudit check --help'", MAX_POLICY_BYTES).decode(
+            "utf-8", errors="replace")
+    except UsageError as e:
+        raise PolicyError(e.message) from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -155,6 +169,10 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
         raise PolicyError(f"{path}:{m.group(1) if m else 1}: not valid TOML: {msg}"
                           + (f" (column {m.group(2)})" if m else "")) from None
+    except RecursionError:
+        raise PolicyError(f"{path}:1: not a policy: TOML nested too deeply") from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise PolicyError(f"{path}:1: not a policy: {' '.join(str(e).split()[:12])}") from None
     lines = _Lines(text)
 
     def fail(table: str, index: int, key: str | None, message: str) -> PolicyError:
@@ -196,6 +214,8 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                     axis = " or a list of them" if key in AXES else ""
                     raise fail("model", i, key, f"'{key}' in [[model]] must be {_want_name(want)}{axis}, "
                                                 f"got {_kind(v)}")
+            if len({_text(v) for v in values}) != len(values):
+                raise fail("model", i, key, f"'{key}' lists a value twice")
         if ("name" in entry) == ("config" in entry):
             raise fail("model", i, None, "a [[model]] entry needs exactly one of name = PRESET or config = PATH")
         if "name" in entry and entry["name"] not in PRESETS:
@@ -225,6 +245,10 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                                              f"strategy = outcome), got {expect!r}")
         axes = [(k, v if k in AXES and isinstance(v, list) else [v]) for k, v in entry.items()
                 if k not in MODEL_KEYS]
+        count = math.prod(len(vals) for _, vals in axes) * len(settings["strategies"])
+        if len(cells) + count > MAX_CELLS:
+            raise fail("model", i, None, f"the policy expands to more than {MAX_CELLS:,} cells here ({len(cells):,} "
+                                         f"before this entry, {count:,} in it): split it into several policies")
         for combo in itertools.product(*(vals for _, vals in axes)):
             options = tuple((k, v) for (k, _), v in zip(axes, combo))
             for s in settings["strategies"]:
