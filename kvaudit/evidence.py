@@ -28,10 +28,39 @@ MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""
 GiB = 1 << 30
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|(?<![\w\]])\[[0-9;]{1,12}m")
-_NUM = r"-?[0-9]+(?:\.[0-9]+)?"
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|(?<![\w\]])\[[0-9;]{1,12}m")
+_NUM = r"-?[0-9]{1,18}(?:\.[0-9]{1,18})?"
+"""A number as logs print it; longer digit runs are no figure (and would overflow a float, or pass Python's
+4,300-digit limit for integers)."""
 _VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
 """A release version as people write it: 0.8.5, 0.11.0rc3, 0.9.2.post1, 0.14.0rc2.dev119+g52aa9c0."""
+
+
+def _plausible() -> dict[str, tuple[float, float]]:
+    from kvaudit.deployment import LIMITS
+    from kvaudit.units import MAX_BYTES
+
+    counts = (0, 1 << 40)
+    return {
+        **dict.fromkeys(("tp", "tp_works", "tp_fails"), (1, LIMITS["tp"])), "pp": (1, LIMITS["pp"]), "dp": (1, 1 << 16),
+        "device_count": (1, 1 << 16), **dict.fromkeys(("worker_tp_rank", "rank"), (0, 1 << 16)),
+        **dict.fromkeys(("max_model_len", "estimated_max_model_len"), (1, LIMITS["max_model_len"])),
+        **dict.fromkeys(("gpu_memory_utilization", "util_works", "util_fails"), (1e-6, 1.0)),
+        "block_size": (1, LIMITS["block_size"]), "max_num_seqs": (1, LIMITS["max_num_seqs"]),
+        "max_num_batched_tokens": (1, 1 << 30),
+        **dict.fromkeys(("device_memory", "weights", "startup_free", "other_process", "kv_needed", "kv_cache_memory"),
+                        (0, MAX_BYTES)),
+        "available_kv": (-MAX_BYTES, MAX_BYTES),
+        **dict.fromkeys(("kv_cache_tokens", "gpu_blocks", "max_concurrency"), counts),
+        **dict.fromkeys(("hbm_used_mb", "hbm_total_mb", "device_process_mb"), (0, MAX_BYTES >> 20)),
+        "device_nominal_gb": (1, 1 << 12),
+    }
+
+
+PLAUSIBLE = _plausible()
+"""The range each numeric fact can have (``Evidence.add`` drops the rest): the deployment limits kvaudit takes
+(``kvaudit.deployment.LIMITS``), byte figures up to ``units.MAX_BYTES``; a KV budget may be negative (vLLM logs
+"Available KV cache memory: -2.14 GiB")."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +88,12 @@ class Evidence:
     lines: int = 0
 
     def add(self, key: str, value: Any, line: int, text: str) -> None:
-        """Record a fact."""
+        """Record a fact; a number outside what it can be (``PLAUSIBLE``: a TP of 0, a utilization of 7) is no
+        fact and is dropped."""
+        bounds = PLAUSIBLE.get(key)
+        if bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not bounds[0] <= value <= bounds[1]:
+            return
         self.facts.setdefault(key, []).append(Fact(key, value, line, text.strip()[:240]))
 
     def first(self, *keys: str) -> Fact | None:
@@ -155,13 +189,13 @@ _VLLM_VERSION = [
     re.compile(r"Initializing a V[01] LLM engine \(v(?P<v>[0-9][\w.+-]*)\)"),
     re.compile(r"^\s*vLLM Version\s*:\s*(?P<v>[0-9][\w.+-]*)"),
     re.compile(r"▀▄▀ █\s+version (?P<v>[0-9][\w.+-]*)"),
-    re.compile(_PIP + r"vllm\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
+    re.compile(_PIP + r"vllm(?:\s*==\s*|\s+)(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
 ]
 _ASCEND_VERSION = [
     re.compile(r"^\s*vLLM Ascend Version\s*:\s*(?P<v>[0-9][\w.+-]*)"),
-    re.compile(_PIP + r"vllm[-_]ascend\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
+    re.compile(_PIP + r"vllm[-_]ascend(?:\s*==\s*|\s+)(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
 ]
-_TORCH_NPU = re.compile(_PIP + r"torch[-_]npu\s*(?:==|\s)\s*(?P<v>[0-9][\w.+-]*)")
+_TORCH_NPU = re.compile(_PIP + r"torch[-_]npu(?:\s*==\s*|\s+)(?P<v>[0-9][\w.+-]*)")
 _PIP_SHOW_NAME = re.compile(r"^\s*Name:\s*(?P<n>vllm(?:[-_]ascend)?)\s*$")
 _PIP_SHOW_VERSION = re.compile(r"^\s*Version:\s*(?P<v>[0-9][\w.+-]*)")
 # container images: quay.io/ascend/vllm-ascend:v0.11.0rc0, vllm-ascend:v0.12.0rc1-a3-openeuler, vllm/vllm-openai:v0.8.5
@@ -177,10 +211,10 @@ _ENGINE = re.compile(r"(?:Initializing an? (?:V[01] )?LLM engine|Dumping input d
 _ENGINE_KEYS = {
     "model": (re.compile(r"\bmodel='(?P<v>[^']*)'"), str),
     "dtype": (re.compile(r"\bdtype=(?:torch\.)?(?P<v>\w+)"), str),
-    "max_model_len": (re.compile(r"\bmax_seq_len=(?P<v>\d+)"), int),
-    "tp": (re.compile(r"\btensor_parallel_size=(?P<v>\d+)"), int),
-    "pp": (re.compile(r"\bpipeline_parallel_size=(?P<v>\d+)"), int),
-    "dp": (re.compile(r"\bdata_parallel_size=(?P<v>\d+)"), int),
+    "max_model_len": (re.compile(r"\bmax_seq_len=(?P<v>\d{1,18})"), int),
+    "tp": (re.compile(r"\btensor_parallel_size=(?P<v>\d{1,18})"), int),
+    "pp": (re.compile(r"\bpipeline_parallel_size=(?P<v>\d{1,18})"), int),
+    "dp": (re.compile(r"\bdata_parallel_size=(?P<v>\d{1,18})"), int),
     "kv_cache_dtype": (re.compile(r"\bkv_cache_dtype=(?P<v>\w+)"), str),
     "device_type": (re.compile(r"\bdevice_config=(?P<v>\w+)"), str),
     "enforce_eager": (re.compile(r"\benforce_eager=(?P<v>True|False)"), lambda v: v == "True"),
@@ -197,7 +231,7 @@ _ARG_KEYS = {
 _DICT_ARGS = {key: re.compile(rf"'{key}': (?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
 _NAMESPACE_ARGS = {key: re.compile(rf"\b{key}=(?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
 _CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
-                  r"\S*benchmark_\w+\.py)\b(?P<rest>.*)$")
+                  r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
 _FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
 """A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
 _VALUELESS = {"trust-remote-code", "enforce-eager", "enable-reasoning", "enable-prefix-caching", "no-enable-prefix-caching",
@@ -220,7 +254,7 @@ _LLM_KEYS = {"tensor_parallel_size": ("tp", int), "pipeline_parallel_size": ("pp
              "max_num_seqs": ("max_num_seqs", int)}
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
                      r"""(?P<v>"[^"]*"|'[^']*'|\$\(\([^)]*\)\)|[^\s;&|]+)""")
-_ARITHMETIC = re.compile(r"^\$\(\(\s*(?P<a>\d+)\s*(?P<op>[*+-])\s*(?P<b>\d+)\s*\)\)$")
+_ARITHMETIC = re.compile(r"^\$\(\(\s*(?P<a>\d{1,18})\s*(?P<op>[*+-])\s*(?P<b>\d{1,18})\s*\)\)$")
 """Shell arithmetic in an assignment: ``max_model_len=$((85 * 1024))``."""
 _IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
 _SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
@@ -243,13 +277,13 @@ _SIMPLE = [
      lambda m: round(float(m["v"]) * GiB)),
     ("weights", re.compile(rf"model weights take (?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
     ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
-    ("kv_cache_tokens", re.compile(r"(?:GPU|NPU|XPU|CPU)(?: \+ host)? KV cache size: (?P<v>[\d,]+) tokens"),
+    ("kv_cache_tokens", re.compile(r"(?:GPU|NPU|XPU|CPU)(?: \+ host)? KV cache size: (?P<v>[\d,]{1,24}) tokens"),
      lambda m: int(m["v"].replace(",", ""))),
-    ("gpu_blocks", re.compile(r"# (?:GPU|NPU|gpu|npu) blocks: (?P<v>\d+)"), lambda m: int(m["v"])),
+    ("gpu_blocks", re.compile(r"# (?:GPU|NPU|gpu|npu) blocks: (?P<v>\d{1,18})"), lambda m: int(m["v"])),
     ("max_concurrency", re.compile(rf"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<v>{_NUM})x"),
      lambda m: float(m["v"])),
-    ("block_size", re.compile(r"Setting attention block size to (?P<v>\d+) tokens"), lambda m: int(m["v"])),
-    ("max_model_len", re.compile(r"Using max model len (?P<v>\d+)"), lambda m: int(m["v"])),
+    ("block_size", re.compile(r"Setting attention block size to (?P<v>\d{1,18}) tokens"), lambda m: int(m["v"])),
+    ("max_model_len", re.compile(r"Using max model len (?P<v>\d{1,18})"), lambda m: int(m["v"])),
     ("gpu_memory_utilization", re.compile(rf"Desired GPU memory utilization is \((?P<v>{_NUM}),"),
      lambda m: float(m["v"])),
     ("gpu_memory_utilization", re.compile(rf"x gpu_memory_utilization \((?P<v>{_NUM})\)"), lambda m: float(m["v"])),
@@ -265,9 +299,9 @@ _SIMPLE = [
     ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), lambda m: round(float(m["v"]) * GiB)),
     ("available_kv", re.compile(rf"larger than the available KV cache memory \((?P<v>{_NUM}) Gi?B\)"),
      lambda m: round(float(m["v"]) * GiB)),
-    ("estimated_max_model_len", re.compile(r"the estimated maximum model length is (?P<v>\d+)"), lambda m: int(m["v"])),
-    ("max_model_len", re.compile(r"max seq len \((?P<v>\d+)\)"), lambda m: int(m["v"])),
-    ("kv_cache_tokens", re.compile(r"maximum number of tokens that can be stored in KV cache \((?P<v>\d+)\)"),
+    ("estimated_max_model_len", re.compile(r"the estimated maximum model length is (?P<v>\d{1,18})"), lambda m: int(m["v"])),
+    ("max_model_len", re.compile(r"max seq len \((?P<v>\d{1,18})\)"), lambda m: int(m["v"])),
+    ("kv_cache_tokens", re.compile(r"maximum number of tokens that can be stored in KV cache \((?P<v>\d{1,18})\)"),
      lambda m: int(m["v"])),
     ("served", re.compile(r"Avg prompt throughput|Avg generation throughput|\"POST /v1/\S+ HTTP/1\.1\" 200|"
                           r"Application startup complete"), lambda m: m.group(0)),
@@ -284,20 +318,23 @@ _SIMPLE = [
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
                                 r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"])),
 ]
-_WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d+)(?:_[A-Z]+\d+)* pid=\d+\)")
-_RANK = re.compile(r"^\s*\[rank(?P<v>\d+)\]:|\brank=(?P<w>\d+)\b")
-_ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d+), total memory: (?P<t>\d+)")
+_WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d+)* pid=\d+\)")
+_RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
+_ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d+), total memory: (?P<t>\d{1,18})")
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
-_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<ln>\d+), in (?P<func>[\w<>]+)')
+_FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _NPU_SMI_CHIP = re.compile(
     r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|\s*\d+\s+\d+\s*/\s*\d+\s+"
-    r"(?P<used>\d+)\s*/\s*(?P<total>\d+)\s*\|")
-_NPU_SMI_NAME = re.compile(r"^\|\s*(?P<npu>\d+)\s+(?P<name>(?:Ascend)?\w+)\s*\|\s*(?:OK|Warning|Alarm|Critical|\w+)\s*\|")
-_NPU_SMI_PROCESS = re.compile(r"^\|\s*(?P<npu>\d+)\s+\d+\s*\|\s*(?P<pid>\d+)\s*\|\s*(?P<name>\S+)\s*\|\s*(?P<mb>\d+)\s*\|")
-_NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d+)\s+\S+\s+\S+\s+(?P<pid>\d+)\s+[CG]\s+(?P<name>\S+)\s+(?P<mb>\d+)MiB\s*\|")
-_NVIDIA_SMI = re.compile(r"^\|.*?\d+C\s+P\d+.*?\|\s*(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s*\|")
-_NVIDIA_NAME = re.compile(r"^\|\s+(?P<gpu>\d+)\s+(?P<name>NVIDIA .+?|Tesla .+?)\s+(?:On|Off)\s+\|")
+    r"(?P<used>\d{1,18})\s*/\s*(?P<total>\d{1,18})\s*\|")
+_NPU_SMI_NAME = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+(?P<name>(?:Ascend)?\w+)\s*\|\s*(?:OK|Warning|Alarm|Critical|\w+)\s*\|")
+_NPU_SMI_PROCESS = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+\d+\s*\|\s*(?P<pid>\d{1,18})\s*\|\s*(?P<name>\S+)\s*\|\s*(?P<mb>\d{1,18})\s*\|")
+_NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d{1,18})\s+\S+\s+\S+\s+(?P<pid>\d{1,18})\s+[CG]\s+(?P<name>\S+)\s+(?P<mb>\d{1,18})MiB\s*\|")
+_NVIDIA_TEMP_POWER = re.compile(r"(?<!\d)\d{1,3}C\s+P\d{1,2}(?!\d)")
+_NVIDIA_USAGE = re.compile(r"^\s*(?P<used>\d{1,9})MiB\s*/\s*(?P<total>\d{1,9})MiB\s*$")
+"""nvidia-smi's device row, cell by cell (``|  30%  35C  P0  70W / 300W |  1234MiB / 81920MiB |``): the usage
+cell after one holding the temperature and performance state."""
+_NVIDIA_NAME = re.compile(r"^\|\s+(?P<gpu>\d{1,18})\s+(?P<name>NVIDIA .+?|Tesla .+?)\s+(?:On|Off)\s+\|")
 _DEVICE_NAMES = [  # device kinds named in prose, the kvaudit device they map to (deployment.DEVICES)
     (re.compile(r"\bH100\b", re.IGNORECASE), "h100-80g"),
     (re.compile(r"\bH200\b", re.IGNORECASE), "h200-141g"),
@@ -319,11 +356,11 @@ _PROSE_FACTS = [
     ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
                                rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
      lambda m: True),
-    ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d+)\b[^.\n,;]{{0,20}}?{_WORKS}",
+    ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_WORKS}",
                             re.IGNORECASE), lambda m: int(m["v"])),
-    ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d+)\b[^.\n,;]{{0,20}}?{_FAILS}",
+    ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_FAILS}",
                             re.IGNORECASE), lambda m: int(m["v"])),
-    ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:后|then|and|,|，)?\s*"
+    ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:(?:后|then|and|,|，)\s*)?"
                               rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"])),
     ("util_works", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}\s+is\s+(?P<v>0\.\d+)[^.\n]{{0,50}}?{_WORKS}",
                               re.IGNORECASE), lambda m: float(m["v"])),
@@ -466,10 +503,12 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low)
                 and (m := _CMD.search(line)) or "--" in line and
                 (m := _FLAGS_LINE.search(line))) and not _continues(lines, n):
-            rest, k = _expand(m["rest"], variables), n
-            while rest.rstrip().endswith("\\") and k < len(lines):  # a command continued with "\"
-                rest, k = rest.rstrip()[:-1] + " " + _expand(lines[k], variables), k + 1
-            facts = _command_line(rest, bare=m.re is _FLAGS_LINE)
+            parts, k = [_expand(m["rest"], variables).rstrip()], n
+            while parts[-1].endswith("\\") and k < len(lines):  # a command continued with "\"
+                parts[-1] = parts[-1][:-1]
+                parts.append(_expand(lines[k], variables).rstrip())
+                k += 1
+            facts = _command_line(" ".join(parts), bare=m.re is _FLAGS_LINE)
             if facts:
                 commands.append(_Command(n, line, facts, _outcome(lines, n, k)))
         elif ("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) and frame is None:
@@ -665,6 +704,7 @@ def _command_line(rest: str, bare: bool = False) -> list[tuple[str, Any]]:
         if not tok.startswith("-") and (not prev.startswith("-") or "=" in prev or prev.lstrip("-") in _VALUELESS):
             found.append(("model", tok.strip("'\"")))
             break
+    connector = None
     for i, tok in enumerate(tokens):
         if not tok.startswith("-"):
             continue
@@ -672,9 +712,10 @@ def _command_line(rest: str, bare: bool = False) -> list[tuple[str, Any]]:
         if not value and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
             value = tokens[i + 1]
         flag = flag.replace("_", "-")
-        if flag == "kv-transfer-config":
-            if m := re.search(r"""kv_connector['"]?\s*:\s*['"](?P<v>\w+)""", rest):
-                found.append(("kv_connector", m["v"]))
+        if flag == "kv-transfer-config" and connector is None:
+            connector = re.search(r"""kv_connector['"]?\s*:\s*['"](?P<v>\w+)""", rest) or False
+            if connector:
+                found.append(("kv_connector", connector["v"]))
         if flag == "enforce-eager":
             found.append(("enforce_eager", True))
         if flag in _CMD_FLAGS and value:
@@ -774,6 +815,10 @@ def _smi(ev: Evidence, n: int, line: str) -> None:
     elif m := _NVIDIA_NAME.search(line):
         ev.add("device_name", m["name"].strip(), n, line)
         ev.add("platform", "cuda", n, line)
-    elif m := _NVIDIA_SMI.search(line):
-        ev.add("hbm_used_mb", int(m["used"]), n, line)
-        ev.add("hbm_total_mb", int(m["total"]), n, line)
+    else:
+        cells = line.split("|")
+        for before, cell in zip(cells, cells[1:]):
+            if "MiB" in cell and (m := _NVIDIA_USAGE.match(cell)) and _NVIDIA_TEMP_POWER.search(before):
+                ev.add("hbm_used_mb", int(m["used"]), n, line)
+                ev.add("hbm_total_mb", int(m["total"]), n, line)
+                break

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SIZE = r"([0-9]+(?:\.[0-9]+)?) ?([KMGT]i?B|bytes|B)"
+_SIZE = r"(?<![0-9.])([0-9]{1,18}(?:\.[0-9]{1,18})?) ?([KMGT]i?B|bytes|B)"
+"""A size as the allocators print it (a longer digit run is no size: it would overflow a float)."""
 _UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
 _PATTERNS = {
