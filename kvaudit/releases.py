@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import re
 import subprocess
@@ -113,27 +114,100 @@ def builtin_strategy_for(version: str) -> str:
 
 
 def fetch_sdist(version: str) -> Path:
-    """The release's sdist, from the cache or fetched with ``pip download`` into it."""
-    if not _VERSION.match(version):
-        raise UsageError(f"{PACKAGE}=={version}: not a release version (e.g. vllm-ascend==0.13.0)")
+    """The release's sdist, from the cache or fetched with ``pip download`` into it. A cached sdist is used only
+    while its SHA-256 is the one the package index published for it (recorded beside it when it was fetched,
+    ``NAME.sha256.json``); a truncated, corrupt or unrecorded one is fetched again."""
+    if not _VERSION.fullmatch(version):
+        raise UsageError(f"{PACKAGE}=={version!r}: not a release version (e.g. vllm-ascend==0.13.0)")
     target = cache_dir() / "sdists" / f"{PACKAGE}-{version}"
-    found = sorted(target.glob("*.tar.gz")) if target.is_dir() else []
-    if found:
-        return found[0]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", SOC_VERSION))
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--no-build-isolation", "--disable-pip-version-check", "--retries", "1",
-               f"{PACKAGE}=={version}", "-d", tmp]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        got = sorted(Path(tmp).glob("*.tar.gz"))
-        if p.returncode != 0 or not got:
-            raise _fetch_error(version, p.stdout + p.stderr)
-        target.mkdir(exist_ok=True)
-        final = target / got[0].name
-        os.replace(got[0], final)
+    try:
+        for found in sorted(target.glob("*.tar.gz")) if target.is_dir() else []:
+            if _recorded_sha256(found) == _sha256(found):
+                return found
+            found.unlink()  # not what the index published (a fetch cut short, a disk error): fetched again
+            _record(found).unlink(missing_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            got, page = _download(version, Path(tmp))
+            digest = _sha256(got)
+            published = _published_sha256(page, got.name) if page else None
+            if published is not None and published != digest:
+                raise StrategyFailed(f"the {PACKAGE} {version} sdist pip fetched ({got.name}, sha256 {digest[:12]}…) "
+                                     f"is not the one {page} publishes (sha256 {published[:12]}…); nothing was cached")
+            final = target / got.name
+            _record(final).write_text(json.dumps({"sha256": published or digest, "index": page,
+                                                  "published": published is not None}) + "\n")
+            os.replace(got, final)
+    except OSError as e:  # a cache folder that cannot be written (read-only, full, not a folder)
+        raise StrategyFailed(f"cannot use the release cache {cache_dir()}: {e.strerror or e} (set KVAUDIT_CACHE_DIR "
+                             "to a writable folder)") from None
     return final
+
+
+def _record(sdist: Path) -> Path:
+    return sdist.with_name(sdist.name + ".sha256.json")
+
+
+def _recorded_sha256(sdist: Path) -> str | None:
+    try:
+        digest = json.loads(_record(sdist).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(version: str, into: Path) -> tuple[Path, str | None]:
+    """``pip download`` of the release's sdist into ``into``: the file, and the index page pip found it on (from
+    pip's log: ``Found link URL (from PAGE)``), for its published hash."""
+    env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", SOC_VERSION))
+    log = into / "pip.log"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--no-build-isolation", "--disable-pip-version-check", "--retries", "1", "--log", str(log),
+           f"{PACKAGE}=={version}", "-d", str(into)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    got = sorted(into.glob("*.tar.gz"))
+    if p.returncode != 0 or not got:
+        raise _fetch_error(version, p.stdout + p.stderr)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    m = re.search(rf"Found link \S*/{re.escape(got[0].name)}\S* \(from (?P<page>\S+?)\)", text)
+    return got[0], m["page"] if m else None
+
+
+def _published_sha256(page: str, filename: str) -> str | None:
+    """The SHA-256 the package index publishes for ``filename`` on its project page ``page``: the JSON form of the
+    simple API (PEP 691), else the ``#sha256=`` fragment of the file's link (PEP 503); ``None`` where the page
+    cannot be read or gives none (pip then checked nothing either)."""
+    import urllib.request
+
+    try:
+        if page.startswith("file:"):
+            folder = Path(urllib.request.url2pathname(page[5:].removeprefix("//")))
+            body, ctype = (folder / "index.html").read_bytes(), "text/html"
+        else:
+            req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json, "
+                                                                  "text/html;q=0.1"})
+            with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - the index pip itself used
+                body, ctype = r.read(64 << 20), r.headers.get("Content-Type", "")
+        if "json" in ctype:
+            for f in json.loads(body).get("files", []):
+                if f.get("filename") == filename:
+                    digest = (f.get("hashes") or {}).get("sha256")
+                    return digest.lower() if isinstance(digest, str) else None
+            return None
+        m = re.search(rf"/{re.escape(filename)}#sha256=(?P<h>[0-9a-fA-F]{{64}})", body.decode("utf-8", "replace"))
+        return m["h"].lower() if m else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _fetch_error(version: str, output: str) -> Exception:

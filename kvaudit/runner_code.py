@@ -19,6 +19,7 @@ import importlib.abc
 import importlib.util
 import sys
 import tarfile
+import zlib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +50,18 @@ class SourceTree:
             p = self.root / rel
             return p.read_text(encoding="utf-8") if p.is_file() else None
         if self._members is None:  # one pass over the archive: every .py file, keyed by its path
-            self._members = {}
-            with tarfile.open(self.tarball) as tf:  # type: ignore[arg-type]
-                for m in tf:
-                    rest = m.name.partition("/")[2]
-                    if m.isfile() and (rest.endswith(".py") or rest in _OTHER_FILES) and \
-                            (f := tf.extractfile(m)) is not None:
-                        self._members[rest] = f.read().decode("utf-8", errors="replace")
+            members: dict[str, str] = {}
+            try:
+                with tarfile.open(self.tarball) as tf:  # type: ignore[arg-type]
+                    for m in tf:
+                        rest = m.name.partition("/")[2]
+                        if m.isfile() and (rest.endswith(".py") or rest in _OTHER_FILES) and \
+                                (f := tf.extractfile(m)) is not None:
+                            members[rest] = f.read().decode("utf-8", errors="replace")
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:  # EOFError: a gzip stream cut short
+                raise StrategyFailed(f"{self.label}: cannot read {self.tarball}: {type(e).__name__}: "
+                                     f"{' '.join(str(e).split()) or 'truncated'}") from None
+            self._members = members
         return self._members.get(rel)
 
     def module_file(self, module: str) -> str | None:

@@ -506,3 +506,87 @@ def test_release_properties_are_read_as_properties(monkeypatch):
     _layers_plan_or_skip(plan)
     r = run_audit(d, plan, s, MetaMeter())
     assert (r.allocations, r.verdict.value, round(r.ratio, 2)) == (48, "FAIL", 4.03)
+
+
+def _cache_with(tmp_path, monkeypatch, version="0.13.0"):
+    """A cache folder holding a copy of the release's cached sdist and its record; ``_download`` copies the
+    good sdist again (no network)."""
+    import shutil
+
+    good = releases.fetch_sdist(version)
+    monkeypatch.setenv("KVAUDIT_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "sdists" / f"vllm-ascend-{version}"
+    folder.mkdir(parents=True)
+    copy = folder / good.name
+    shutil.copy(good, copy)
+    shutil.copy(releases._record(good), releases._record(copy))
+    fetched = []
+
+    def download(v, into):
+        fetched.append(v)
+        shutil.copy(good, into / good.name)
+        return into / good.name, None
+
+    monkeypatch.setattr(releases, "_download", download)
+    return good, copy, fetched
+
+
+def test_a_truncated_cached_sdist_is_fetched_again(tmp_path, monkeypatch):
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == []  # intact: used as it is
+    copy.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a fetch cut short, a full disk
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
+    assert releases._sha256(copy) == releases._sha256(good) == releases._recorded_sha256(copy)
+
+
+def test_a_cached_sdist_without_its_record_is_fetched_again(tmp_path, monkeypatch):
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    releases._record(copy).unlink()
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
+    assert releases._recorded_sha256(copy) == releases._sha256(good)
+
+
+def test_an_sdist_that_is_not_the_published_one_is_refused_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVAUDIT_CACHE_DIR", str(tmp_path))
+
+    def download(v, into):
+        (into / "vllm_ascend-0.13.0.tar.gz").write_bytes(b"not the release")
+        return into / "vllm_ascend-0.13.0.tar.gz", "https://pypi.org/simple/vllm-ascend/"
+
+    monkeypatch.setattr(releases, "_download", download)
+    monkeypatch.setattr(releases, "_published_sha256", lambda page, name: "0" * 64)
+    with pytest.raises(StrategyFailed, match="is not the one https://pypi.org/simple/vllm-ascend/ publishes"):
+        releases.fetch_sdist("0.13.0")
+    assert not list(tmp_path.rglob("*.tar.gz"))
+
+
+def test_the_published_hash_is_read_from_the_index_page(tmp_path):
+    page = tmp_path / "simple" / "vllm-ascend"
+    page.mkdir(parents=True)
+    digest = "ab" * 32
+    (page / "index.html").write_text(f'<a href="../../files/vllm_ascend-0.13.0.tar.gz#sha256={digest}">x</a>')
+    assert releases._published_sha256(page.as_uri() + "/", "vllm_ascend-0.13.0.tar.gz") == digest
+    assert releases._published_sha256(page.as_uri() + "/", "vllm_ascend-0.12.0.tar.gz") is None
+
+
+def test_a_corrupt_archive_is_one_line_not_an_interrupt(tmp_path):
+    bad = tmp_path / "vllm_ascend-0.13.0.tar.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 64)  # a gzip header, then nothing
+    with pytest.raises(StrategyFailed, match="cannot read .*vllm_ascend-0.13.0.tar.gz"):
+        releases.SourceTree("vllm-ascend 0.13.0", tarball=bad).read("vllm_ascend/__init__.py")
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(capsys, monkeypatch):
+    from kvaudit.cli import main
+
+    monkeypatch.setenv("KVAUDIT_CACHE_DIR", "/proc/kvaudit-cache")  # no folder can be made there, even by root
+    code = main(["llama-3.1-8b", "--meter", "meta", "-s", "vllm-ascend==0.0.98"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(err) == 1 and err[0].startswith("kvaudit: error: cannot use the release cache "
+                                                             "/proc/kvaudit-cache"), err
+
+
+@pytest.mark.parametrize("version", ["0.13.0\n", "0.13.0 ", " 0.13.0", "0.13.0\n; rm -rf /"])
+def test_a_version_with_anything_around_it_is_not_a_version(version):
+    with pytest.raises(UsageError, match="not a release version"):
+        releases.fetch_sdist(version)
