@@ -287,6 +287,7 @@ def to_junit(result: CheckResult) -> str:
     its expectation, as pytest reports an xfail."""
     import xml.etree.ElementTree as ET
 
+    from kvaudit.escape import xml_safe
     from kvaudit.report import meter_label
     from kvaudit.units import fmt_bytes
 
@@ -320,5 +321,5 @@ def to_junit(result: CheckResult) -> str:
         elif r.junit == "error":
             ET.SubElement(case, "error", type=r.outcome, message=r.reason[:500]).text = detail
         ET.SubElement(case, "system-out").text = detail
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    ET.indent(suites)  # ElementTree writes control characters as they are, which no XML parser reads back
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + xml_safe(ET.tostring(suites, encoding="unicode")) + "\n"

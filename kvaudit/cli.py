@@ -436,7 +436,7 @@ def _write(path: str, text: str) -> None:
     from pathlib import Path
 
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        Path(path).expanduser().write_text(text, encoding="utf-8", errors="replace")
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     _note(f"kvaudit: wrote {path}")
@@ -604,7 +604,8 @@ def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
 
 class _PipeGuard:
     """stdout or stderr that a closed reader cannot break: after the first broken pipe (``kvaudit ... | head``)
-    the rest of the output is dropped and the command runs on, so its exit code is still the verdict."""
+    the rest of the output is dropped and the command runs on, so its exit code is still the verdict; text its
+    encoding cannot hold is written with replacement characters."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -623,6 +624,9 @@ class _PipeGuard:
         if not self.broken:
             try:
                 return self._stream.write(text)
+            except UnicodeEncodeError:  # text the terminal's encoding cannot show (a lone surrogate from a file)
+                encoding = getattr(self._stream, "encoding", None) or "utf-8"
+                return self.write(text.encode(encoding, "replace").decode(encoding, "replace"))
             except BrokenPipeError:
                 self._drop()
         return len(text)

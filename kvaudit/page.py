@@ -12,6 +12,7 @@ from typing import Any
 
 from kvaudit import __version__
 from kvaudit.deployment import DEVICES
+from kvaudit.escape import xml_safe
 from kvaudit.report import meter_label, render_tables, summary_line
 from kvaudit.results import AuditResult, GroupRow, Report, Verdict
 from kvaudit.units import GiB, KiB, MiB, fmt_bytes
@@ -44,12 +45,9 @@ WRAP = 150
 FONT = "DejaVu Sans, Liberation Sans, Arial, Helvetica, sans-serif"
 MONO = "DejaVu Sans Mono, Liberation Mono, Menlo, Consolas, monospace"
 
-_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
 def _esc(text: Any) -> str:
     """Text for HTML and XML alike: escaped, quotes included, without the characters XML forbids."""
-    return html.escape(_XML_BAD.sub("", str(text)), quote=True)
+    return html.escape(xml_safe(text), quote=True)
 
 
 def _table_theme() -> Any:
@@ -398,7 +396,7 @@ def to_html(reports: list[Report], title: str | None = None, *, detail: str = "l
     lead = lead if lead is not None else (
         f"{len(reports)} report{'s' if len(reports) != 1 else ''} · overall {words.get(overall, overall)} "
         f"(exit code {overall}) · kvaudit {__version__}")
-    return f"""<!DOCTYPE html>
+    return xml_safe(f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -415,7 +413,7 @@ def to_html(reports: list[Report], title: str | None = None, *, detail: str = "l
 </main>
 </body>
 </html>
-"""
+""")  # the tables rich exports carry the report's text too
 
 
 # --- SVG -----------------------------------------------------------------------------------------------------------
@@ -518,7 +516,7 @@ def to_svg(reports: list[Report], title: str | None = None, *, detail: str = "la
         tables(_console(rep, detail, width), f"kvaudit-tables-{i}", "the tables, as the terminal shows them")
     total_w = CHART_WIDTH + 2 * margin
     total_h = math.ceil(y)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
-            f'viewBox="0 0 {total_w} {total_h}" font-family="{FONT}">\n<title>{_esc(title)}</title>\n'
-            f'<rect x="0" y="0" width="{total_w}" height="{total_h}" fill="#ffffff"/>\n'
-            + "\n".join(parts) + "\n</svg>\n")
+    return xml_safe(f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
+                    f'viewBox="0 0 {total_w} {total_h}" font-family="{FONT}">\n<title>{_esc(title)}</title>\n'
+                    f'<rect x="0" y="0" width="{total_w}" height="{total_h}" fill="#ffffff"/>\n'
+                    + "\n".join(parts) + "\n</svg>\n")  # rich's SVG export writes control characters as they are

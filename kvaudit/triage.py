@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec, preset_for_model
 from kvaudit.errors import ConfigError, UsageError
+from kvaudit.escape import md, md_code
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.spec import ModelSpec, load_model_spec
 from kvaudit.units import fmt_bytes
@@ -118,39 +119,35 @@ class Triage:
     def to_markdown(self) -> str:
         """A report ready to paste into an issue."""
         out = [f"### kvaudit triage: {self.verdict}" + (f" ({self.factor:.2f}×)" if self.factor else ""), "",
-               self.headline, ""]
+               md(self.headline), ""]
         if self.not_audited:
-            out += [f"> kvaudit did not audit the allocator: {self.not_audited}", ""]
+            out += [f"> kvaudit did not audit the allocator: {md(self.not_audited)}", ""]
         if self.evidence:
-            out += ["**Evidence**", ""] + [f"- {e}" for e in self.evidence] + [""]
+            out += ["**Evidence**", ""] + [f"- {md(e)}" for e in self.evidence] + [""]
         if self.deployment:
             out += ["**Deployment, as reconstructed**", "", "| | value | source |", "|---|---|---|"]
             for k, v in self.deployment.items():
-                out.append(f"| {k} | {_md(_show(k, v.value))} | {_md(_short(v.source))} |")
+                out.append(f"| {md(k, cell=True)} | {md(_show(k, v.value), cell=True)} | "
+                           f"{md(_short(v.source), cell=True)} |")
             out.append("")
         if self.comparison:
-            out += ["**Prediction vs report**", "", "| " + " | ".join(self.comparison_header) + " |",
-                    "|" + "---|" * len(self.comparison_header)]
-            out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in self.comparison] + [""]
+            out += ["**Prediction vs report**", "", "| " + " | ".join(md(h, cell=True) for h in self.comparison_header)
+                    + " |", "|" + "---|" * len(self.comparison_header)]
+            out += ["| " + " | ".join(md(c, cell=True) for c in row) + " |" for row in self.comparison] + [""]
         if self.actions:
-            out += ["**What to do**", ""] + [f"- {a}" for a in self.actions] + [""]
+            out += ["**What to do**", ""] + [f"- {md(a)}" for a in self.actions] + [""]
         if self.ask_for:
-            out += ["**Please add to the issue**", ""] + [f"- {a}" for a in self.ask_for] + [""]
+            out += ["**Please add to the issue**", ""] + [f"- {md(a)}" for a in self.ask_for] + [""]
         reported = self.deployment.get("vLLM")
         planner = (f"planned by vLLM {self.planned_with}'s own planner"
                    + (f" (the report's vLLM: {reported.value})" if reported else "") if self.planned_with
                    else "nothing planned")
-        out.append(f"<sub>kvaudit triage: {planner}; allocation strategies run on the meta meter (accounting, "
-                   "not a device measurement).</sub>")
+        out.append(f"<sub>{md(f'kvaudit triage: {planner}; allocation strategies run on the meta meter (accounting, not a device measurement).')}</sub>")
         return "\n".join(out) + "\n"
 
 
 def _short(text: str, limit: int = 150) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _show(key: str, value: Any) -> str:
@@ -550,7 +547,7 @@ def _evidence_lines(ev: Evidence) -> list[str]:
 
 
 def _where(f: Fact, width: int = 160) -> str:
-    return ("title" if f.line == 0 else f"line {f.line}") + f": `{f.text[:width]}`"
+    return ("title" if f.line == 0 else f"line {f.line}") + f": {md_code(f.text[:width])}"
 
 
 @dataclass(frozen=True)

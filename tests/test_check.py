@@ -411,3 +411,32 @@ def test_a_cell_that_cannot_be_measured_is_not_audited_not_an_error(tmp_path, ca
     code, doc, err = _check_json([str(policy)], capsys)
     assert code == 3 and [c["outcome"] for c in doc["cells"]] == ["not-audited"]
     assert "--num-blocks" in doc["cells"][0]["reason"]
+
+
+def test_control_characters_in_a_policy_leave_junit_svg_and_html_well_formed(tmp_path, capsys):
+    """A why with control characters (TOML allows them escaped) once made the JUnit file and the SVG invalid
+    XML: every parser refused them."""
+    import xml.etree.ElementTree as ET
+
+    policy = _policy(tmp_path, """
+        [check]
+        meter = "meta"
+        strategies = ["ascend-0.11"]
+
+        [[model]]
+        name = "qwen3-next"
+        util = 0.7
+        expect = "fail"
+        why = "a buffer per layer\\u0001\\u0007 \\u001b[31m (#3368) \\u000b"
+        """)
+    outputs = {kind: tmp_path / f"c.{kind}" for kind in ("xml", "svg", "html")}
+    code, out, err = _check([str(policy), "--junit", str(outputs["xml"]), "--svg", str(outputs["svg"]),
+                             "--html", str(outputs["html"])], capsys)
+    assert code == 0, err
+    for kind in ("xml", "svg"):
+        ET.parse(outputs[kind])  # raises on a character XML forbids
+    for path in outputs.values():
+        text = path.read_text(encoding="utf-8")
+        assert "buffer" in text and not any(c in text for c in "\x01\x07\x0b\x1b"), path.name
+    _, cases = _junit(outputs["xml"])
+    assert "(#3368)" in cases[0].result[0].text

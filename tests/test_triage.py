@@ -338,3 +338,56 @@ def test_a_regression_after_the_fix_is_not_told_to_upgrade(monkeypatch):
     assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(2.0, rel=1e-3)
     assert t.fixed_in is None and not any("Upgrade" in a for a in t.actions)
     assert any("not older than kvaudit's known fix" in a for a in t.actions)
+
+
+HOSTILE = ("x ` <!-- all below hidden --> [l](https://evil.example/x) ![i](https://evil.example/i.png) "
+           "@maintainer www.evil.example <b>b</b> **b** #1 | p ``` y")
+"""Markdown and HTML a report may hold (128 characters: kvaudit quotes up to 150 of a line)."""
+
+
+def _rendered(markdown: str) -> tuple[str, str]:
+    """The HTML a CommonMark renderer with GitHub's tables makes of ``markdown``, and that HTML's text outside
+    code spans."""
+    import re
+
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(markdown)
+    return html, re.sub(r"<code>.*?</code>", "", html, flags=re.S)
+
+
+@pytest.mark.parametrize("where", ["title", "log", "prose"])
+def test_report_text_is_pasted_as_text_into_the_markdown(where):
+    """Report text in the triage's Markdown: a backtick and ``<!--`` once hid the rest of the comment on GitHub,
+    and links, images and mentions rendered. Each piece of the report must stay inert: inside code spans, or
+    escaped so that it renders as written."""
+    body = (ROOT / "fixtures/reports/ascend-0.11-qwen3-next-oom.log").read_text()
+    title = None
+    if where == "title":
+        title = "[Bug]: 0.11.0 qwen3-next OOM " + HOSTILE
+    elif where == "log":  # a log line quoted as the source of a figure
+        start = body.index("(Worker_TP0 pid=661) INFO 10-10 08:04:02")
+        body = body[:start] + HOSTILE + " Loading model weights took" + body[body.index(" 37.2362 GB", start):]
+    else:  # a sentence quoted as evidence
+        body = "Another process holds 19 GB " + HOSTILE + "\n" + body
+    t = triage(body, title=title)
+    assert "@maintainer" in t.to_markdown()  # the report's text is there, to be made inert
+    html, outside_code = _rendered(t.to_markdown())
+    assert "<a " not in html and "<img" not in html and "<script" not in html and "<!--" not in html
+    assert "@maintainer" not in outside_code and "https://evil" not in outside_code and "www.evil" not in outside_code
+    assert "**Evidence**" not in html and "<strong>Evidence</strong>" in html  # kvaudit's own Markdown still renders
+    assert html.count("<table>") == 2 and "Prediction vs report" in html  # nothing hid the rest of the report
+
+
+def test_markdown_escaping_keeps_the_text_as_written():
+    from kvaudit.escape import md, md_code
+
+    html, _ = _rendered(md(HOSTILE) + "\n\n" + md_code("a `` b") + "\n\n| x |\n|---|\n| " + md(HOSTILE, cell=True) + " |\n")
+    import html as html_module
+    import re
+
+    shown = html_module.unescape(re.sub(r"<[^>]+>", "", html))  # what a reader sees
+    for piece in ("x ` <!-- all below hidden -->", "[l](https://evil.example/x)", "![i](https://evil.example/i.png)",
+                  "@maintainer", "<b>b</b> **b** #1 | p ``` y"):
+        assert shown.count(piece) == 2, piece  # as written, in the paragraph and in the table cell
+    assert "<code>a `` b</code>" in html and html.count("<td>") == 1

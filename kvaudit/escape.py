@@ -1,0 +1,80 @@
+"""Foreign text (from reports, policies, configs, saved files) made safe for each document kvaudit writes:
+XML 1.0 (JUnit, SVG, HTML) and GitHub Markdown (triage's report). No torch, no vLLM, no rich."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+"""Characters XML 1.0 allows in no document (https://www.w3.org/TR/xml/#charsets), escaped or not."""
+
+
+def xml_safe(text: Any) -> str:
+    """``text`` without the characters XML 1.0 forbids (a control character in a policy's ``why`` made the
+    JUnit file and the SVG unreadable to every XML parser)."""
+    return XML_INVALID.sub("", str(text))
+
+
+_TICKS = re.compile(r"`+")
+_LINKISH = re.compile(r"\S*(?:@|://)\S*|(?<!\S)www\.\S*")
+"""Tokens GitHub turns into a mention, an e-mail link or a URL link even without Markdown syntax."""
+_ACTIVE = re.compile(r"[\\`*_~\[\]<>&#|!]")
+_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_BLOCK_START = re.compile(r"^(\s*)([-+>=]|\d+[.)])")
+
+
+def md_code(text: Any) -> str:
+    """``text`` as one inline code span, whatever it holds: fenced by more backticks than its longest run
+    (CommonMark's rule), spaced where it starts or ends with one, on one line."""
+    text = " ".join(str(text).split("\n"))
+    longest = max((len(m.group(0)) for m in _TICKS.finditer(text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or (text.startswith(" ") and text.endswith(" ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _literal(text: str) -> str:
+    """Plain text that Markdown shows as it is: no emphasis, link, image, HTML, heading or list starts, and the
+    tokens GitHub links by themselves (mentions, e-mail addresses, URLs) inside code spans."""
+    out, at = [], 0
+    for m in _LINKISH.finditer(text):
+        out.append(_escaped(text[at:m.start()]))
+        out.append(md_code(m.group(0)))
+        at = m.end()
+    out.append(_escaped(text[at:]))
+    return "".join(out)
+
+
+def _escaped(text: str) -> str:
+    return _ACTIVE.sub(lambda m: _ENTITY.get(m.group(0), "\\" + m.group(0)), text)
+
+
+def md(text: Any, cell: bool = False) -> str:
+    """A line of kvaudit's Markdown (its words, with values and report lines in it) that renders as written:
+    code spans (a run of backticks up to the next run of the same length, as CommonMark reads them) are kept,
+    everything else is literal text (``_literal``); on one line. In a table ``cell`` a ``|`` in a code span is
+    escaped too (GitHub splits a table's cells before it reads code spans)."""
+    text = " ".join(str(text).splitlines())
+    out, at = [], 0
+    runs = list(_TICKS.finditer(text))
+    i = 0
+    while i < len(runs):
+        opening = runs[i]
+        close = next((j for j in range(i + 1, len(runs)) if len(runs[j].group(0)) == len(opening.group(0))), None)
+        if close is None:  # no closing run: the backticks are literal
+            i += 1
+            continue
+        out.append(_literal(text[at:opening.start()]))
+        span = text[opening.start():runs[close].end()]
+        out.append(span.replace("|", "\\|") if cell else span)
+        at = runs[close].end()
+        i = close + 1
+    out.append(_literal(text[at:]))
+    line = "".join(out)
+    if cell:  # a cell starts no block
+        return line
+    return _BLOCK_START.sub(lambda m: m.group(1) + "\\" + m.group(2) if not m.group(2)[0].isdigit()
+                            else m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], line, count=1)
+
+
