@@ -107,6 +107,8 @@ def _check_stage(stage: Any, where: str, bad: Any) -> None:
             raise bad(f"{at}: the strategy appears twice")
         names.add(a["strategy"])
         _check_figures(a, at, bad)
+        _check_optional(a, at, bad, _AUDIT_FIELDS)
+        _check_optional(a.get("plan") or {}, f"{at}, plan", bad, {"tensors": list, "plan_format": str})
         if a.get("verdict") not in (Verdict.PASS.value, Verdict.FAIL.value):
             raise bad(f"{at}: verdict {json.dumps(a.get('verdict'))} is neither PASS nor FAIL")
         for key, ident, check in (("groups", "group", _is_int), ("layers", "layer", lambda v: isinstance(v, str))):
@@ -121,10 +123,37 @@ def _check_stage(stage: Any, where: str, bad: Any) -> None:
                     raise bad(f"{at}: {ident} {row[ident]} appears twice")
                 seen.add(row[ident])
                 _check_figures(row, f"{at}, {ident} {row[ident]}", bad)
+                _check_optional(row, f"{at}, {ident} {row[ident]}", bad, _ROW_FIELDS)
     skipped = stage.get("skipped", [])
     if not isinstance(skipped, list) or not all(isinstance(s, dict) and isinstance(s.get("strategy"), str)
                                                 for s in skipped):
         raise bad(f"{where}: skipped is not a list of strategies")
+
+
+_AUDIT_FIELDS = {"alignment_allowance_bytes": int, "leaked_bytes": int, "allocations": int, "num_blocks": int,
+                 "block_size": int, "platform": str, "releases": str, "title": str, "meter": str, "plan": dict,
+                 "device_oom": dict, "reasons": list}
+"""Fields of an audit that compare reads besides its figures, and their JSON types (each may be absent or null)."""
+_ROW_FIELDS = {"group": int, "spec": str, "planned_shares_with": list, "layers": int}
+"""Likewise for a group's or layer's row."""
+
+
+def _check_optional(row: dict, where: str, bad: Any, fields: dict[str, type]) -> None:
+    """Each of ``fields`` that ``row`` holds is of its type (an integer also non-negative), or null."""
+    if not isinstance(row, dict):
+        raise bad(f"{where} is not an object")
+    for key, kind in fields.items():
+        v = row.get(key)
+        if v is None:
+            continue
+        ok = (_is_int(v) and v >= 0) if kind is int else isinstance(v, kind)
+        if kind is list and ok and key == "planned_shares_with":
+            ok = all(isinstance(x, str) for x in v)
+        if not ok:
+            raise bad(f"{where}: {key} {json.dumps(v)[:40]} is not {_KIND_NAMES[kind]}")
+
+
+_KIND_NAMES = {int: "a non-negative integer", str: "a string", list: "a list", dict: "an object"}
 
 
 def _check_figures(row: dict, where: str, bad: Any) -> None:

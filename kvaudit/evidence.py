@@ -556,7 +556,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             _smi(ev, n, line)
     for n, key, value in ruled:
         ev.add(key, value, n, lines[n - 1])
-    for key in {key for _, key, _ in ruled}:
+    for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
         ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
     _launches(ev, commands, lines)
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:

@@ -223,8 +223,12 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                                            "or give config = PATH)")
         config = None
         if "config" in entry:
-            resolved = (p.parent / entry["config"]).resolve()
-            if not resolved.exists():
+            try:
+                resolved = (p.parent / entry["config"]).resolve()
+                exists = resolved.exists()
+            except (OSError, ValueError):  # a NUL byte, a path too long
+                raise fail("model", i, "config", f"config {entry['config']!r} is not a path") from None
+            if not exists:
                 raise fail("model", i, "config", f"config not found: {entry['config']} (resolved against the "
                                                  f"policy's folder: {resolved})")
             config = str(resolved)

@@ -787,7 +787,8 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         est = ev.first("estimated_max_model_len")
         need, have = ev.value("kv_needed"), ev.value("available_kv")
         mml = values["max model len"].value or ev.value("max_model_len")
-        text = (f"vLLM refused to start because {CAUSES[cause]} ({mml:,} tokens"
+        text = (f"vLLM refused to start because {CAUSES[cause]} ("
+                + (f"{mml:,} tokens" if isinstance(mml, int) else "the report gives no max model length")
                 + (f": {fmt_bytes(need)} needed, {fmt_bytes(have)} available" if need and have else "") + ").")
         if est is not None:
             actions.append(f"`--max-model-len {est.value}` (vLLM's own estimate, {_where(est, 80)}), or more memory "
@@ -795,9 +796,9 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         else:
             actions.append("Lower `--max-model-len`, or give the KV cache more memory: a higher "
                            "`--gpu-memory-utilization` or a larger TP.")
-        if need and have and T:
+        if need and have and T and need > have:  # (figures of two lines that disagree give no advice)
             rec_u = round(min(1.0, u + (need - have) / T + 0.0005), 3)
-            if rec_u < 1.0:
+            if 0.0 < rec_u < 1.0:
                 actions.append(f"At this max model len the budget must grow by {fmt_bytes(need - have)}: "
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
@@ -873,7 +874,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
         margin = int(shortfall * 1.1) + (256 << 20)
         rec_kv = A - margin
-        if rec_kv > 0:
+        if rec_kv > 0 and round(u - margin / T - 0.0005, 3) > 0:
             rec_u = round(u - margin / T - 0.0005, 3)
             actions.append(f"Free {fmt_bytes(margin)} for it (the failing request needed {fmt_bytes(shortfall)} "
                            f"more than was free, plus 10 % and 256 MiB): `--gpu-memory-utilization {rec_u}`, or "

@@ -29,7 +29,9 @@ def parse_size(text: str | int | float, what: str = "size", allow_zero: bool = F
     ``MAX_BYTES``."""
     if isinstance(text, bool):
         raise UsageError(f"{what} {text!r} is not a size (examples: 65452113920, 60.96GiB, 512MiB)")
-    if isinstance(text, (int, float)):
+    if isinstance(text, int) and not -MAX_BYTES <= text <= MAX_BYTES:  # (beyond what a float holds, too)
+        value, unit = float("-inf" if text < 0 else "inf"), ""
+    elif isinstance(text, (int, float)):
         value, unit = float(text), ""
     else:
         m = _SIZE.match(str(text)[:100])
@@ -43,6 +45,8 @@ def parse_size(text: str | int | float, what: str = "size", allow_zero: bool = F
     scaled = value * _UNITS[unit]
     if scaled != scaled:  # NaN
         raise UsageError(f"{what} {text!r} is not a size (examples: 65452113920, 60.96GiB, 512MiB)")
+    if scaled < 0:
+        raise UsageError(f"{what} must be positive, got {text!r}")
     if scaled > MAX_BYTES:  # inf, 1e309, or simply more than any device has
         raise UsageError(f"{what} {text!r} is more than kvaudit takes (1 PiB, {MAX_BYTES:,} B)")
     nbytes = int(round(scaled))
