@@ -112,3 +112,83 @@ def test_an_architecture_vllm_does_not_serve_is_one_line(tmp_path, capsys):
     code = main(["audit", "--config", _write(tmp_path, cfg), "--meter", "meta"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "NoSuchModelForCausalLM" in err[0], err
+
+
+@pytest.mark.parametrize("preset, field, value, message", [
+    # vLLM would plan each of these, and every strategy would pass on a model that does not exist
+    ("qwen3-next-80b-a3b-instruct", "full_attention_interval", -1, "'full_attention_interval' is -1; it must be at least 1"),
+    ("gemma-3-27b-it", "sliding_window", 0, "'sliding_window' is 0; it must be at least 1"),
+    ("llama-3.1-8b", "hidden_size", 0, "'hidden_size' is 0"),
+    ("llama-3.1-8b", "vocab_size", -1, "'vocab_size' is -1"),
+    ("llama-3.1-8b", "head_dim", 0, "'head_dim' is 0"),
+    ("llama-3.1-8b", "num_hidden_layers", 10 ** 7, "'num_hidden_layers' is 10,000,000, beyond any real model"),
+    ("deepseek-v3", "kv_lora_rank", 0, "'kv_lora_rank' is 0"),
+    ("granite-4.0-h-small", "num_local_experts", -2, "'num_local_experts' is -2; it must be at least 0"),
+])
+def test_a_config_that_describes_no_model_is_refused_before_planning(tmp_path, capsys, preset, field, value, message):
+    cfg = json.loads((ROOT / "fixtures/configs" / preset / "config.json").read_text())
+    (cfg.get("text_config") or cfg)[field] = value
+    code = main(["plan", "--config", _write(tmp_path, cfg), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ('{"full_attention_interval": -1}', "with --hf-overrides: field 'full_attention_interval' is -1"),
+    ('{"num_hidden_layers": 0}', "with --hf-overrides: field 'num_hidden_layers' must be a positive integer"),
+])
+def test_the_checks_run_again_on_the_config_with_hf_overrides(capsys, monkeypatch, overrides, message):
+    import kvaudit.plan
+
+    monkeypatch.setattr(kvaudit.plan, "model_for", lambda d: pytest.fail("planned a config that describes no model"))
+    code = main(["plan", "--config", str(QWEN), "--hf-overrides", overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_a_zero_count_that_means_none_is_read():
+    """0 is a model without that part: a dense Granite 4.0-H, DeepSeek without an MTP layer."""
+    from kvaudit.spec import check_config
+
+    cfg = json.loads((ROOT / "fixtures/configs/granite-4.0-h-small/config.json").read_text())
+    check_config({**cfg, "num_local_experts": 0}, "x")
+    cfg = json.loads((ROOT / "fixtures/configs/deepseek-v3/config.json").read_text())
+    check_config({**cfg, "num_nextn_predict_layers": 0, "n_shared_experts": 0}, "x")
+
+
+def test_overrides_are_merged_as_vllm_merges_them():
+    from kvaudit.spec import with_overrides
+
+    base = {"a": 1, "text_config": {"b": 2, "c": 3}}
+    assert with_overrides(base, {"a": 5, "text_config": {"b": 7}}) == {"a": 5, "text_config": {"b": 7, "c": 3}}
+    assert base == {"a": 1, "text_config": {"b": 2, "c": 3}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "100000"], "--tp 100,000 is beyond any real deployment (kvaudit takes at most 256)"),
+    (["--pp", "1000"], "--pp 1,000 is beyond any real deployment"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+    (["--device-memory", "1e309"], "is more than kvaudit takes (1 PiB"),
+    (["--device-memory", "-inf"], "--device-memory must be positive"),
+    (["--num-speculative-tokens", "1000"], "--num-speculative-tokens 1,000 is beyond any real deployment"),
+])
+def test_deployment_options_beyond_any_real_deployment_are_refused_before_building(capsys, monkeypatch, args, message):
+    import kvaudit.plan
+
+    monkeypatch.setattr(kvaudit.plan, "model_for", lambda d: pytest.fail("built a model for an impossible deployment"))
+    code = main(["plan", "--config", str(QWEN), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("hidden_size", "abc", "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError"),
+    ("intermediate_size", 1.5, "Validation error for field 'intermediate_size'"),
+])
+def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_reason(tmp_path, capsys, field, value,
+                                                                                         reason):
+    cfg = json.loads((ROOT / "fixtures/configs/llama-3.1-8b/config.json").read_text())
+    cfg[field] = value
+    code = main(["plan", "--config", _write(tmp_path, cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("kvaudit: error: vLLM rejected") and reason in err[0], err
