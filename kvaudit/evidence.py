@@ -129,8 +129,10 @@ def read_report(path: str) -> str:
             size = len(data)
         else:
             p = Path(path)
-            if not p.is_file():
+            if not p.exists():
                 raise UsageError(f"report not found: {path}")
+            if not p.is_file():  # a folder, or a device or pipe that may never end (/dev/zero)
+                raise UsageError(f"{path}: not a regular file: give the report as a file, or on stdin with -")
             size = p.stat().st_size
             with p.open("rb") as f:
                 data = f.read(MAX_REPORT_BYTES + 1)

@@ -286,3 +286,24 @@ def test_a_run_leaves_no_temp_files(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "/dev/zero", "/dev/zero"], ["audit", "--plan", "/dev/zero"], ["audit", "--config", "/dev/zero"],
+    ["check", "/dev/zero"], ["triage", "/dev/zero"],
+])
+def test_a_device_or_pipe_is_refused_before_a_byte_is_read(capsys, argv):
+    """``/dev/zero`` never ends: reading it once took all the memory there was."""
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "/dev/zero" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--html", "--svg"])
+def test_an_output_the_file_system_refuses_is_found_before_the_audit(capsys, monkeypatch, flag):
+    """A folder that exists but takes no file (a read-only file system; /proc, even for root): the audit's
+    verdict must not be lost to a write error found after it."""
+    import kvaudit.cli
+
+    monkeypatch.setattr(kvaudit.cli, "_model", lambda a: pytest.fail("audited before checking the output"))
+    code, out, err = _run(["llama-3.1-8b", "--meter", "meta", flag, "/proc/kvaudit-report.html"], capsys)
+    assert code == 2 and err.startswith("kvaudit: error: cannot write /proc/kvaudit-report.html:"), err
