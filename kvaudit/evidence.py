@@ -322,7 +322,7 @@ _SIMPLE = [
 ]
 _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d+)* pid=\d+\)")
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
-_ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d+), total memory: (?P<t>\d{1,18})")
+_ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memory: (?P<t>\d{1,18})")
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
@@ -497,7 +497,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if "llm engine" in low and _ENGINE.search(line):
             for key, (rx, conv) in _ENGINE_KEYS.items():
                 if m := rx.search(line):
-                    ev.add(key, conv(m["v"]), n, line)
+                    ev.add(key, conv(m["v"]), n, line)  # (digit runs bounded by the patterns)
         if "non-default args" in low and (m := _ARGS.search(line)):
             _keyword_args(ev, n, line, m["d"], _DICT_ARGS)
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
@@ -604,7 +604,10 @@ def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]
             if key in _NOT_IN_FRAMES and 'file "' in lows[n - 1] and _FRAME.search(line):
                 continue  # a path in a traceback names no device and no model
             for m in (rx.finditer(line) if key in _EVERY_MATCH else filter(None, [rx.search(line)])):
-                value = conv(m)
+                try:
+                    value = conv(m)
+                except (ValueError, OverflowError):  # a figure no float or integer holds: no fact
+                    continue
                 if value is not None:
                     out.append((n, key, value))
     out.sort(key=lambda f: f[0])
@@ -686,7 +689,7 @@ def _keyword_args(ev: Evidence, n: int, line: str, text: str, patterns: dict[str
         if m and m["v"] != "None":
             try:
                 ev.add(fact, conv(m["v"].strip("'")), n, line)
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
 
 
@@ -724,7 +727,7 @@ def _command_line(rest: str, bare: bool = False) -> list[tuple[str, Any]]:
             fact, conv = _CMD_FLAGS[flag]
             try:
                 found.append((fact, conv(value.strip("'\""))))
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
     return found
 
@@ -743,7 +746,7 @@ def _llm_call(call: str, variables: dict[str, str]) -> list[tuple[str, Any]]:
         if m := re.search(rf"\b{key}\s*=\s*(?P<v>\.?[\w.]+)", call):
             try:
                 found.append((fact, conv(m["v"])))
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
     return found
 

@@ -49,7 +49,7 @@ def read_bytes(path: str | Path, kind: str, how: str, limit: int | None = None) 
 
 
 def parse_json(raw: bytes | str, name: str, kind: str, how: str) -> Any:
-    """Strict JSON from ``raw``; ``UsageError`` naming ``name`` when it is not."""
+    """The JSON document ``raw`` holds; ``UsageError`` naming ``name`` when it is not one."""
     try:
         return json.loads(raw)
     except UnicodeDecodeError:

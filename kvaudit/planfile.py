@@ -9,9 +9,9 @@ that needs them (upstream ``allocate_kv_cache``, a plugin written against ``KVCa
 where the same vLLM can be imported.
 
 A plan file is data, whoever wrote it: reading one executes nothing. Its vLLM objects may name only the
-classes a ``KVCacheConfig`` is made of (``KV_CACHE_TYPES``: the dataclasses of
+classes a ``KVCacheConfig`` is made of (``_kv_cache_type``: the dataclasses of
 ``vllm/v1/kv_cache_interface.py`` that are a ``KVCacheSpec`` or hold one, and the enums of the three modules
-those classes read), checked when the file is read, before torch or vLLM is imported; a file naming any other
+those classes read), checked by name when the file is read (``check_objects``), before torch or vLLM is imported; a file naming any other
 class (``vllm.config:ModelConfig``, which would import code from a folder with ``trust_remote_code``) is
 refused. Every other entry is checked against the type and range kvaudit wrote it with.
 """
@@ -74,7 +74,8 @@ MAX_DEPTH = 32
 
 
 def _named(path: Any, kind: str) -> tuple[str, str]:
-    """``module:Name`` split, refused unless it can be one of ``KV_CACHE_TYPES`` (no import: checked as read)."""
+    """``module:Name`` split, refused unless it can name one of ``_kv_cache_type``'s classes (no import: checked
+    as the file is read)."""
     module, _, name = str(path).partition(":")
     allowed = (module == KV_CACHE_INTERFACE) if kind == "class" else module in KV_CACHE_ENUM_MODULES
     if not (isinstance(path, str) and allowed and name.isidentifier()):

@@ -1,13 +1,12 @@
 """Read a HuggingFace ``config.json`` into a ``ModelSpec``: which model it is, checked before vLLM loads.
 
 No torch and no vLLM here: what the layers are is vLLM's model code's answer (``kvaudit.vllm_model``);
-this module only refuses what is not a HuggingFace config, or is inconsistent, with a one-line
-message before anything heavy is imported.
+this module only refuses what is not a HuggingFace config, is inconsistent, or describes no model
+(``check_config``), with a one-line message before anything heavy is imported.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
