@@ -44,8 +44,9 @@ def cache_dir() -> Path:
 
 
 def version_key(v: str) -> tuple:
-    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.0.post1`` < ``0.11.1``."""
-    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?(?:\.post(\d+))?", v)
+    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.0.post1`` < ``0.11.1``; what is
+    no version (a part of more than 18 digits, too) sorts first."""
+    m = re.match(r"^(\d{1,18})\.(\d{1,18})(?:\.(\d{1,18}))?(?:rc(\d{1,18}))?(?:\.post(\d{1,18}))?(?!\d)", v)
     if not m:
         return (0,)
     major, minor, patch, rc, post = m.groups()
