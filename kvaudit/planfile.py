@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import functools
 import importlib
 import json
 import types
@@ -316,7 +317,7 @@ def _fields(cls: type, data: Any, where: str, keys: dict[str, str] | None = None
     if not isinstance(data, dict):
         raise _Bad(f"{where} is not an object")
     keys = keys or {}
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in skip]
     known = {keys.get(f.name, f.name) for f in fields} | set(skip) | set(extra)
     unknown = sorted(set(data) - known - {keys.get(s, s) for s in skip})
@@ -330,6 +331,12 @@ def _fields(cls: type, data: Any, where: str, keys: dict[str, str] | None = None
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise _Bad(f"{where} has no {key!r}")
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """The declared field types of one of kvaudit's dataclasses (resolved once: a plan holds thousands of rows)."""
+    return typing.get_type_hints(cls)
 
 
 def _at_least(where: str, value: int, least: int = 0, most: int = MAX_INT) -> None:
