@@ -307,3 +307,14 @@ def test_an_output_the_file_system_refuses_is_found_before_the_audit(capsys, mon
     monkeypatch.setattr(kvaudit.cli, "_model", lambda a: pytest.fail("audited before checking the output"))
     code, out, err = _run(["llama-3.1-8b", "--meter", "meta", flag, "/proc/kvaudit-report.html"], capsys)
     assert code == 2 and err.startswith("kvaudit: error: cannot write /proc/kvaudit-report.html:"), err
+
+
+def test_head_on_a_real_process_keeps_the_verdict():
+    """``kvaudit llama-3.1-8b | head -1``: the reader goes away after one line; exit 0 is still the verdict."""
+    p = subprocess.Popen([sys.executable, "-m", "kvaudit", "llama-3.1-8b", "--meter", "meta"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0 and first.startswith("kvaudit"), err
+    assert "Traceback" not in err and "error" not in err, err
