@@ -21,7 +21,7 @@ allocations). An allowance, not a measurement: public Qwen3-Next logs on Atlas A
 
 
 LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
-          "max_num_seqs": 1 << 20, "num_speculative_tokens": 64}
+          "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64}
 """The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
 and PP 2-16 in public vllm-ascend and vLLM deployments; max_model_len as ``spec.AT_MOST``'s positions), so that
 no option makes kvaudit build millions of objects. Byte options are bounded by ``units.MAX_BYTES``."""
@@ -229,6 +229,13 @@ class Deployment:
     max_num_seqs: int | None = None
     num_speculative_tokens: int = 0
     hf_overrides: dict | None = field(default=None, hash=False)
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = False
+    usage_context: str = "serve"
+    """Whose defaults vLLM gives what the options leave unset: ``serve`` (``vllm serve``) or ``llm`` (the ``LLM`` class)."""
+    defaults: dict | None = field(default=None, hash=False)
+    """The settings vLLM chose for this deployment because no option set them (``max_num_seqs``,
+    ``max_num_batched_tokens``, prefix caching, ...), each with where the value came from."""
 
     @property
     def non_kv_bytes(self) -> int:
@@ -259,12 +266,18 @@ class Deployment:
             "num_blocks_override": self.num_blocks_override, "block_size": self.block_size,
             "enable_prefix_caching": self.enable_prefix_caching, "mamba_cache_mode": self.mamba_cache_mode,
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
-            "hf_overrides": self.hf_overrides,
+            "hf_overrides": self.hf_overrides, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enforce_eager": self.enforce_eager, "usage_context": self.usage_context, "defaults": self.defaults,
         }
 
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 MAMBA_CACHE_MODES = ("none", "align", "all")
+USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
+"""``--usage-context``: whose defaults vLLM gives what the options leave unset, by vLLM's ``UsageContext`` names:
+``vllm serve`` (the OpenAI-compatible server) or the ``LLM`` class (vLLM's ``EngineArgs.get_batch_defaults``)."""
+SERVE_DEFAULTS = {"serve": "vllm serve", "llm": "the LLM class"}
+"""How the report names each usage context."""
 
 
 def check_deployment(d: Deployment) -> None:
@@ -275,7 +288,8 @@ def check_deployment(d: Deployment) -> None:
         raise UsageError(f"--util must be in (0, 1], got {d.gpu_memory_utilization}")
     for what, n, key in (("--tp", d.tp, "tp"), ("--pp", d.pp, "pp"), ("--max-model-len", d.max_model_len, "max_model_len"),
                          ("--num-blocks", d.num_blocks_override, "num_blocks"), ("--block-size", d.block_size, "block_size"),
-                         ("--max-num-seqs", d.max_num_seqs, "max_num_seqs")):
+                         ("--max-num-seqs", d.max_num_seqs, "max_num_seqs"),
+                         ("--max-num-batched-tokens", d.max_num_batched_tokens, "max_num_batched_tokens")):
         if n is not None and n < 1:
             raise UsageError(f"{what} must be at least 1, got {n}")
         if n is not None and n > LIMITS[key]:
@@ -289,6 +303,8 @@ def check_deployment(d: Deployment) -> None:
                          f"(kvaudit takes at most {LIMITS['num_speculative_tokens']})")
     if d.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise UsageError(f"unknown --kv-cache-dtype {d.kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
+    if d.usage_context not in USAGE_CONTEXTS:
+        raise UsageError(f"unknown --usage-context {d.usage_context!r} (use {', '.join(USAGE_CONTEXTS)})")
     if d.mamba_cache_mode is not None and d.mamba_cache_mode not in MAMBA_CACHE_MODES:
         raise UsageError(f"unknown --mamba-cache-mode {d.mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")
     for what, v in (("--device-memory", d.device_memory_bytes), ("--kv-cache-memory", d.kv_cache_memory_bytes)):

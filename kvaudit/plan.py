@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES, Deployment, Preset, check_deployment
+from kvaudit.deployment import (DEFAULT_OVERHEAD_BYTES, DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
+                                check_deployment)
 from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec, check_config, with_overrides
@@ -228,42 +229,58 @@ def _build_key(d: Deployment) -> str:
 
     return cache_key(str(d.model.config_path), d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
-                     d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode)
+                     d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
+                     d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device)
+
+
+@contextlib.contextmanager
+def _as_device(d: Deployment) -> Iterator[None]:
+    """vLLM's platform, asked for the device's memory and name while it picks defaults by them
+    (``EngineArgs.get_batch_defaults``), answers with the deployment's device, not this host's."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    dev = DEVICES.get(d.device)
+    with contextlib.ExitStack() as stack:
+        for name, value in (("get_device_total_memory", d.device_memory_bytes), ("get_device_name", dev.title if dev else "")):
+            old = cls.__dict__.get(name)
+            setattr(cls, name, classmethod(lambda c, device_id=0, _v=value: _v))
+            stack.callback(lambda name=name, old=old: setattr(cls, name, old) if old is not None else delattr(cls, name))
+        yield
+
+
+def _engine_args(d: Deployment) -> dict[str, Any]:
+    """The deployment as ``vllm serve``'s arguments (``EngineArgs``): only what the options set, so that vLLM's own
+    defaults decide the rest."""
+    args: dict[str, Any] = dict(
+        model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype, max_model_len=d.max_model_len,
+        quantization=d.quantization, hf_overrides=dict(d.hf_overrides or {}), kv_cache_dtype=d.kv_cache_dtype,
+        tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp, enforce_eager=d.enforce_eager,
+        skip_tokenizer_init=True)
+    for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(d, key) is not None:
+            args[key] = getattr(d, key)
+    if d.num_speculative_tokens:
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": d.num_speculative_tokens}
+    return args
 
 
 def engine_config(d: Deployment) -> Any:
-    """vLLM's ``VllmConfig`` for the deployment, as ``vllm serve`` with these options makes it; vLLM's
-    refusal (TP vs heads, max model len vs RoPE, quantization, dtype) is a one-line ConfigError."""
+    """vLLM's ``VllmConfig`` for the deployment as ``vllm serve`` makes it (``--usage-context llm``: as the
+    ``LLM`` class does): vLLM's own ``EngineArgs.create_engine_config``, its defaults for what the options
+    leave unset picked for the deployment's device. vLLM's refusal (TP vs heads, max model len vs RoPE,
+    quantization, dtype) is a one-line ConfigError."""
     from kvaudit.vllm_model import stand_ins
 
-    v = load_vllm()
-    c = v.config
+    load_vllm()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
     patched = stand_ins()  # (imports vLLM's model modules: outside the try, whose errors are the config's)
     try:
-        with quiet_vllm(), patched:
-            mc = c.ModelConfig(model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype,
-                               max_model_len=d.max_model_len, quantization=d.quantization,
-                               hf_overrides=dict(d.hf_overrides or {}))
-            cache = dict(cache_dtype=d.kv_cache_dtype)
-            if d.block_size is not None:
-                cache["block_size"] = d.block_size
-            if d.enable_prefix_caching is not None:
-                cache["enable_prefix_caching"] = d.enable_prefix_caching
-            if d.mamba_cache_mode is not None:
-                cache["mamba_cache_mode"] = d.mamba_cache_mode
-            kwargs: dict[str, Any] = dict(
-                model_config=mc, cache_config=c.CacheConfig(**cache),
-                parallel_config=c.ParallelConfig(tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp),
-                device_config=c.DeviceConfig(device="cpu"))
-            if d.max_num_seqs is not None:
-                kwargs["scheduler_config"] = c.SchedulerConfig(
-                    max_num_seqs=d.max_num_seqs, max_model_len=mc.max_model_len,
-                    is_encoder_decoder=mc.is_encoder_decoder)
-            if d.num_speculative_tokens:
-                kwargs["speculative_config"] = c.SpeculativeConfig(
-                    method="mtp", num_speculative_tokens=d.num_speculative_tokens, target_model_config=mc,
-                    target_parallel_config=kwargs["parallel_config"])
-            vc = c.VllmConfig(**kwargs)
+        with quiet_vllm(), patched, _as_device(d):
+            vc = EngineArgs(**_engine_args(d)).create_engine_config(
+                usage_context=UsageContext[USAGE_CONTEXTS[d.usage_context]])
     except (KvauditError, MemoryError):
         raise
     except Exception as e:  # vLLM's and transformers' config code on the user's config: pydantic's and
@@ -328,27 +345,24 @@ def plan_for(d: Deployment, strategy: Any) -> KVPlan:
 
 def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) -> KVPlan:
     """Plan the KV cache for ``d`` with vLLM's own model specs and planner under the platform's rule; with
-    ``kv_budget`` (a release worker's rule), with the budget it hands the planner instead of the deployment's."""
+    ``kv_budget`` (a release worker's rule), with the budget it hands the planner instead of the deployment's.
+
+    With pipeline parallelism the planner is given every stage's specs and budget at once, as vLLM's engine
+    gives it every worker's: each stage is sized by its own budget, then all take the smallest stage's
+    ``num_blocks`` (``get_kv_cache_configs``); the plan is the audited stage's."""
     rule = PLATFORMS[platform]
     v = load_vllm()
-    built = model_for(d)
+    stages = [_stage_inputs(v, s, rule, kv_budget) for s in _pp_stages(d)]
+    vc, specs, budget = stages[d.pp_rank]
     with quiet_vllm():
-        vc = _config_for_plan(built.vllm_config, d)
-        specs = _layer_specs(v, built, vc, d, rule)
-        if hasattr(v.backend_utils, "resolve_kv_cache_layout"):  # vLLM 0.29+: the engine resolves it first
-            layers = vc.compilation_config.static_forward_context
-            backends = list(dict.fromkeys(layers[name].get_attn_backend() for name in specs))
-            layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
-            v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
-        budget = d.kv_budget_bytes if kv_budget is None else kv_budget.scale(d.kv_budget_bytes, vc, specs,
-                                                                             d.kv_transfer)
         groups: list[Any] = []
         try:
             if hasattr(v.planning, "get_global_kv_cache_groups"):
-                groups = v.planning.get_global_kv_cache_groups(vc, [specs])
-                cfg = v.planning.get_kv_cache_configs(vc, [specs], [budget], groups)[0]
+                groups = v.planning.get_global_kv_cache_groups(vc, [st[1] for st in stages])
+                cfg = v.planning.get_kv_cache_configs(vc, [st[1] for st in stages], [st[2] for st in stages],
+                                                      groups)[d.pp_rank]
             else:
-                cfg = v.planning.get_kv_cache_configs(vc, [specs], [budget])[0]
+                cfg = v.planning.get_kv_cache_configs(vc, [st[1] for st in stages], [st[2] for st in stages])[d.pp_rank]
         except NotImplementedError as e:  # e.g. MLA pages that cannot be padded to this platform's block size
             raise NotAuditable(f"vLLM {v.version}'s planner cannot plan {d.model.name} under the {rule.name} rule: "
                                f"{_first_line(e)}") from None
@@ -365,6 +379,35 @@ def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) 
     if kv_budget is not None and budget != d.kv_budget_bytes:
         plan = dataclasses.replace(plan, kv_budget_bytes=budget, kv_budget_by=kv_budget.by)
     return plan
+
+
+def _pp_stages(d: Deployment) -> list[Deployment]:
+    """Every pipeline stage of ``d``'s deployment, ``d`` itself at its rank: each weighed as vLLM builds it (the
+    embedding on the first, the LM head on the last), unless ``--weights`` gave every stage the same."""
+    stages = []
+    for rank in range(d.pp):
+        s = d if rank == d.pp_rank else dataclasses.replace(d, pp_rank=rank)
+        if s is not d and d.weights_source != "--weights":
+            s = dataclasses.replace(s, weights_bytes=model_for(s).weights_bytes)
+        stages.append(s)
+    return stages
+
+
+def _stage_inputs(v: _Vllm, d: Deployment, rule: PlatformRule, kv_budget: KVBudget | None) -> tuple[Any, dict, int]:
+    """What the planner needs of one stage: its config (with the KV-cache layout resolved), its layers' specs
+    under the platform rule, and its KV budget (the release worker's, with ``kv_budget``)."""
+    built = model_for(d)
+    with quiet_vllm():
+        vc = _config_for_plan(built.vllm_config, d)
+        specs = _layer_specs(v, built, vc, d, rule)
+        if hasattr(v.backend_utils, "resolve_kv_cache_layout"):  # vLLM 0.29+: the engine resolves it first
+            layers = vc.compilation_config.static_forward_context
+            backends = list(dict.fromkeys(layers[name].get_attn_backend() for name in specs))
+            layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
+            v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+        budget = d.kv_budget_bytes if kv_budget is None else kv_budget.scale(d.kv_budget_bytes, vc, specs,
+                                                                             d.kv_transfer)
+    return vc, specs, budget
 
 
 def _why(e: BaseException) -> str:
@@ -474,7 +517,9 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
         block_size=o.get("block_size"), enable_prefix_caching=o.get("enable_prefix_caching"),
         mamba_cache_mode=o.get("mamba_cache_mode"), max_num_seqs=o.get("max_num_seqs"),
-        num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides)
+        num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides,
+        max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
+        usage_context=o.get("usage_context") or "serve")
 
 
 def make_deployment(
@@ -501,6 +546,9 @@ def make_deployment(
     max_num_seqs: int | None = None,
     num_speculative_tokens: int = 0,
     hf_overrides: dict | None = None,
+    max_num_batched_tokens: int | None = None,
+    enforce_eager: bool = False,
+    usage_context: str = "serve",
 ) -> Deployment:
     """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
     and build its model for this rank to weigh it; impossible numbers are one-line errors."""
@@ -516,7 +564,8 @@ def make_deployment(
                    kv_cache_dtype=kv_cache_dtype, quantization=quantization, block_size=block_size,
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
-                   hf_overrides=hf_overrides)
+                   hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
+                   enforce_eager=enforce_eager, usage_context=usage_context)
     if weights_bytes is not None and weights_bytes <= 0:
         raise UsageError(f"--weights must be positive, got {weights_bytes}")
     check_deployment(d)
@@ -531,6 +580,7 @@ def make_deployment(
             f"parameters and buffers of vLLM's {built.architecture} built for rank 0 of TP {tp}"
             + (f", stage {pp_rank} of PP {pp}" if pp > 1 else "")
             + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'})"))
+    resolved.update(_serve_defaults(d, built.vllm_config))
     d = dataclasses.replace(d, **resolved)
     from kvaudit import vllm_model
 
@@ -543,6 +593,22 @@ def make_deployment(
             f"{fmt_bytes(mem)} = {fmt_bytes(int(mem * gpu_memory_utilization))}; "
             f"--util must exceed {need:.3f}, or raise --tp")
     return d
+
+
+def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
+    """The settings of ``SERVE_DEFAULTS`` that the options left to vLLM, as vLLM's engine config resolved them, and
+    ``defaults``: each one's source, for the report."""
+    got = {"max_num_seqs": vc.scheduler_config.max_num_seqs,
+           "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+           "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
+           "mamba_cache_mode": getattr(vc.cache_config, "mamba_cache_mode", None)}
+    dev = DEVICES.get(d.device)
+    batch = (f"vLLM {vllm_version()}'s default for {SERVE_DEFAULTS[d.usage_context]} on a device of "
+             f"{fmt_bytes(d.device_memory_bytes)}" + (f" ({dev.title})" if dev else "") + " (EngineArgs.get_batch_defaults)")
+    model = f"vLLM {vllm_version()}'s default for this model (EngineArgs.create_engine_config)"
+    out: dict[str, Any] = {key: value for key, value in got.items() if getattr(d, key) is None and value is not None}
+    out["defaults"] = {key: batch if key.startswith("max_num") else model for key in out}
+    return out
 
 
 _KIND_NAMES = {"FullAttentionSpec": "full attention", "SlidingWindowSpec": "sliding window",

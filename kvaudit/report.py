@@ -78,7 +78,8 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
             f"[bold]{e(d.model.name)}[/] ({e(str(d.architecture))}) · TP {d.tp}{stage} · {d.dtype} · kv-cache-dtype "
             f"{d.kv_cache_dtype} · max-model-len {d.max_model_len:,}\nweights {fmt_bytes(d.weights_bytes)} + other "
             f"{fmt_bytes(d.overhead_bytes)} on {fmt_bytes(d.device_memory_bytes)} at {d.gpu_memory_utilization} → "
-            f"KV budget [bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B)"))
+            f"KV budget [bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B)"
+            + (f"\n{e(defaults_line(d))}" if d.defaults else "")))
         pt = Table(title="Plans", title_justify="left")
         for col in ("platform rule", "strategies", "block size", "num_blocks", "planned bytes"):
             pt.add_column(col, justify="left" if col in ("platform rule", "strategies") else "right")
@@ -94,6 +95,17 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
         for s, why in st.refused.items():
             out.append(Text.from_markup(f"[bold]{e(s)}[/]: not planned: {e(why)}"))
     return out
+
+
+def defaults_line(d: Deployment) -> str:
+    """The settings vLLM chose because no option set them, grouped by where each came from:
+    ``max_num_seqs 1024, max_num_batched_tokens 8192 (vLLM 0.33.0's default for vllm serve on ...)``."""
+    by_source: dict[str, list[str]] = {}
+    for key, source in (d.defaults or {}).items():
+        value = getattr(d, key, None)
+        shown = ("on" if value else "off") if isinstance(value, bool) else f"{value:,}" if isinstance(value, int) else value
+        by_source.setdefault(source, []).append(f"{key} {shown}")
+    return "; ".join(f"{', '.join(keys)} ({source})" for source, keys in by_source.items())
 
 
 def to_json(rep: Report) -> str:
@@ -216,14 +228,19 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         extras.append("--kv-transfer: vllm-ascend's 2 MiB-aligned buffers")
     if d.num_blocks_override is not None:
         extras.append(f"--num-blocks {d.num_blocks_override}: a scaled plan")
+    taken = d.defaults or {}
     for flag, value in (("--quantization", d.quantization), ("--block-size", d.block_size),
                         ("--enable-prefix-caching", d.enable_prefix_caching), ("--mamba-cache-mode", d.mamba_cache_mode),
-                        ("--max-num-seqs", d.max_num_seqs), ("--num-speculative-tokens", d.num_speculative_tokens or None),
-                        ("--hf-overrides", d.hf_overrides)):
-        if value is not None:
-            extras.append(f"{flag} {value}")
+                        ("--max-num-seqs", d.max_num_seqs), ("--max-num-batched-tokens", d.max_num_batched_tokens),
+                        ("--enforce-eager", True if d.enforce_eager else None),
+                        ("--usage-context", d.usage_context if d.usage_context != "serve" else None),
+                        ("--num-speculative-tokens", d.num_speculative_tokens or None), ("--hf-overrides", d.hf_overrides)):
+        if value is not None and flag[2:].replace("-", "_") not in taken:
+            extras.append(f"{flag} {value}" if value is not True else flag)
     if extras:
         dep.add_row("options", e("; ".join(extras)))
+    if taken:
+        dep.add_row("vLLM's defaults", e(defaults_line(d)))
     out.append(dep)
     skipped = [f"[bold]{e(name)}[/]: not audited: {e(reason)}" for name, reason in rep.skipped]
     if not results:

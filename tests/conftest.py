@@ -73,7 +73,8 @@ def plan_for(d, platform: str):
     """vLLM's plan for a deployment, cached for the session (planning is deterministic)."""
     from kvaudit.plan import build_plan
 
-    key = (d.model.name, d.tp, d.max_model_len, d.kv_budget_bytes, d.num_blocks_override, platform)
+    key = (d.model.name, d.tp, d.pp, d.pp_rank, d.max_model_len, d.kv_budget_bytes, d.num_blocks_override,
+           d.max_num_seqs, d.max_num_batched_tokens, d.device, platform)
     if key not in _PLANS:
         _PLANS[key] = build_plan(d, platform)
     return _PLANS[key]

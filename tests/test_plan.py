@@ -79,3 +79,52 @@ def test_shared_by_view_refuses_interleaved_layouts():
     tensors = [_t(["a0", "a1"], 10, 20)]
     with pytest.raises(NotAuditable, match="block-outermost"):
         shared_by_view(tensors, 4, {"a0": 10, "a1": 10})
+
+
+# vLLM's EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py, the same tiers in 0.23.0 and 0.33.0): a device of
+# >= 70 GiB that is not an A100 gets 1024 sequences and 8192 batched tokens under `vllm serve` (16384 for the LLM
+# class); a smaller device 256 and 2048 (8192). SchedulerConfig's own class defaults are 128 and 2048.
+@pytest.mark.parametrize("device, context, seqs, tokens", [
+    ("h100-80g", "serve", 1024, 8192), ("h100-80g", "llm", 1024, 16384), ("h200-141g", "serve", 1024, 8192),
+    ("atlas-a2-64g", "serve", 256, 2048), ("atlas-a2-64g", "llm", 256, 8192),
+])
+def test_unset_scheduler_options_take_vllm_serves_defaults_for_the_device(device, context, seqs, tokens):
+    d = deployment("llama-3.1-8b", device=device, usage_context=context)
+    assert (d.max_num_seqs, d.max_num_batched_tokens) == (seqs, tokens)
+    assert set(d.defaults) >= {"max_num_seqs", "max_num_batched_tokens"}
+    assert "get_batch_defaults" in d.defaults["max_num_seqs"] and ("vllm serve" if context == "serve" else "LLM class") \
+        in d.defaults["max_num_seqs"]
+
+
+def test_options_that_are_given_are_not_defaults():
+    d = deployment("llama-3.1-8b", device="h100-80g", max_num_seqs=64, max_num_batched_tokens=4096)
+    assert (d.max_num_seqs, d.max_num_batched_tokens) == (64, 4096)
+    assert "max_num_seqs" not in d.defaults and "max_num_batched_tokens" not in d.defaults
+
+
+def test_a_sliding_window_group_is_planned_with_the_serve_default_batch():
+    """A sliding-window group holds window + max_num_batched_tokens tokens per request: with the class default
+    (2048) instead of vllm serve's 8192 on an H100, gpt-oss's concurrency came out a third too high."""
+    from kvaudit.capacity import capacity
+    from kvaudit.plan import build_plan
+
+    served = deployment("gpt-oss-120b", device="h100-80g", gpu_memory_utilization=0.9)
+    forced = deployment("gpt-oss-120b", device="h100-80g", gpu_memory_utilization=0.9, max_num_batched_tokens=2048)
+    a, b = capacity(build_plan(served, "cuda")), capacity(build_plan(forced, "cuda"))
+    # (vLLM 0.33 counts each request's window + batch into concurrency fully: 45.1x vs 60.1x; vLLM 0.23: 54.1x vs 63.7x)
+    assert served.max_num_batched_tokens == 8192 and a.max_concurrency < 0.9 * b.max_concurrency
+
+
+def test_every_pipeline_stage_gets_the_smallest_stages_num_blocks():
+    """vLLM's engine plans all stages at once and gives each the smallest stage's num_blocks
+    (get_kv_cache_configs); planned apart, the stage with the smaller budget would have fewer."""
+    from kvaudit.plan import build_plan
+
+    stages = [deployment("llama-3.1-8b", pp=3, pp_rank=r, device="h100-80g", gpu_memory_utilization=0.9)
+              for r in (0, 1, 2)]  # 32 layers in stages of 11, 11 and 10, the embedding and the LM head apart
+    assert len({s.kv_budget_bytes for s in stages}) == 3
+    plans = [build_plan(s, "cuda") for s in stages]
+    assert len({p.num_blocks for p in plans}) == 1
+    page = {s.pp_rank: sum(g.page_size_bytes * len(g.layer_names) for g in p.groups) for s, p in zip(stages, plans)}
+    alone = {s.pp_rank: s.kv_budget_bytes // page[s.pp_rank] for s in stages}
+    assert len(set(alone.values())) > 1 and plans[0].num_blocks == min(alone.values())
