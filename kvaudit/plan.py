@@ -596,8 +596,9 @@ def make_deployment(
 
 
 def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
-    """The settings of ``SERVE_DEFAULTS`` that the options left to vLLM, as vLLM's engine config resolved them, and
-    ``defaults``: each one's source, for the report."""
+    """The scheduler and cache settings the options left to vLLM (max_num_seqs, max_num_batched_tokens, prefix
+    caching, Mamba cache mode), as vLLM's engine config resolved them, and ``defaults``: each one's source, for
+    the report."""
     got = {"max_num_seqs": vc.scheduler_config.max_num_seqs,
            "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
            "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
