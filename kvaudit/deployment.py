@@ -7,17 +7,15 @@ holds (activations, non-torch allocations such as communication buffers), the ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvaudit.errors import UsageError
+from kvaudit.memory import Term
 from kvaudit.spec import ModelSpec, load_model_spec
-from kvaudit.units import MAX_BYTES, GiB
+from kvaudit.units import MAX_BYTES
 
-DEFAULT_OVERHEAD_BYTES = 2 * GiB
-"""Non-KV memory beside the weights (peak activations of vLLM's profile run plus non-torch
-allocations). An allowance, not a measurement: public Qwen3-Next logs on Atlas A2 imply 1.6-2.4 GiB
-(see README). Override with ``--overhead``."""
 
 
 LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
@@ -35,19 +33,32 @@ class Device:
     title: str
     memory_bytes: int
     source: str
+    platform: str = "cuda"
+    """``cuda`` or ``ascend``: whose worker budgets the memory (``kvaudit.memory``)."""
+    capability: tuple[int, int] = (9, 0)
+    """The CUDA compute capability (vLLM picks kernels by it; Hopper unless named)."""
 
 
 DEVICES: dict[str, Device] = {
     "atlas-a2-64g": Device(
         "atlas-a2-64g", "Atlas 800 A2 (Ascend 910B, 64 GB HBM)", 65_452_113_920,
-        "vllm-ascend worker log 'total memory: 65452113920'; torch_npu reports 60.96 GiB total capacity"),
+        "vllm-ascend worker log 'total memory: 65452113920'; torch_npu reports 60.96 GiB total capacity", "ascend"),
     "atlas-a2-32g": Device(
         "atlas-a2-32g", "Atlas 300I A2 / 910B4 (32 GB HBM)", 31_662_800_896,
-        "vllm-ascend worker log 'total memory: 31662800896' on a 32 GB card (29.49 GiB)"),
+        "vllm-ascend worker log 'total memory: 31662800896' on a 32 GB card (29.49 GiB)", "ascend"),
     "h100-80g": Device(
         "h100-80g", "NVIDIA H100 80GB", round(79.19 * 2**30),
         "torch's CUDA out-of-memory message on H100 80GB cards, as pasted in public threads: 'GPU 0 has a "
         "total capacity of 79.19 GiB'; exact to 0.01 GiB"),
+    "a100-80g": Device(
+        "a100-80g", "NVIDIA A100 80GB", round(79.25 * 2**30),
+        "torch's CUDA out-of-memory message on an A100 80GB, as pasted in levihsu/OOTDiffusion#235: '79.25 GiB total "
+        "capacity'; exact to 0.01 GiB. vLLM gives A100s the smaller batch defaults whatever their memory "
+        "(EngineArgs.get_batch_defaults checks the name)", capability=(8, 0)),
+    "a100-40g": Device(
+        "a100-40g", "NVIDIA A100 40GB", round(39.50 * 2**30),
+        "torch's CUDA out-of-memory message on an A100 40GB, as pasted in TianheWu/CoSeR#10: 'a total capacity of "
+        "39.50 GiB'; exact to 0.01 GiB", capability=(8, 0)),
     "h200-141g": Device(
         "h200-141g", "NVIDIA H200 141GB", round(139.81 * 2**30),
         "torch's CUDA out-of-memory message on H200 cards, as pasted in public threads: 'GPU 0 has a total "
@@ -211,7 +222,7 @@ class Deployment:
     """Weights on one rank: the parameters and buffers of vLLM's model built for this rank (or ``--weights``)."""
     weights_source: str
     overhead_bytes: int
-    """Non-KV memory beside the weights (activations, non-torch)."""
+    """Non-KV memory beside the weights that the budget subtracts: the sum of the budgeted ``overhead_terms``."""
     kv_cache_memory_bytes: int | None
     """``--kv-cache-memory``: the KV budget given directly, as vLLM's flag of that name."""
     kv_transfer: bool
@@ -236,18 +247,33 @@ class Deployment:
     defaults: dict | None = field(default=None, hash=False)
     """The settings vLLM chose for this deployment because no option set them (``max_num_seqs``,
     ``max_num_batched_tokens``, prefix caching, ...), each with where the value came from."""
+    platform: str = "ascend"
+    """``cuda`` or ``ascend``: the device's platform, whose worker budgets the memory."""
+    vllm_version: str | None = None
+    """The vLLM release whose budget formula and start-up lines are emulated (``--vllm-version``; unset: the
+    installed vLLM, or the one a vllm-ascend release pins); the installed vLLM plans either way."""
+    overhead_terms: tuple[Term, ...] = field(default=(), hash=False)
+    """``kvaudit.memory.Term`` s: peak activation, non-torch, CUDA graphs (or the one ``--overhead``)."""
+
+    @property
+    def unbudgeted_bytes(self) -> int:
+        """Memory the rank uses beyond ``device memory × utilization``: terms the emulated release does not
+        subtract (CUDA graphs before vLLM 0.21)."""
+        return sum(t.bytes for t in self.overhead_terms if not t.budgeted)
 
     @property
     def non_kv_bytes(self) -> int:
-        """Memory the rank holds besides the KV cache."""
-        return self.weights_bytes + self.overhead_bytes
+        """Memory the rank holds besides the KV cache: weights, the budgeted terms, and graphs the emulated
+        release captures beyond its budget."""
+        return self.weights_bytes + self.overhead_bytes + self.unbudgeted_bytes
 
     @property
     def kv_budget_bytes(self) -> int:
-        """``available_memory`` handed to vLLM's planner."""
+        """``available_memory`` handed to vLLM's planner: device memory × utilization − weights − the terms the
+        emulated release subtracts (``--kv-cache-memory`` gives it directly)."""
         if self.kv_cache_memory_bytes is not None:
             return self.kv_cache_memory_bytes
-        return int(self.device_memory_bytes * self.gpu_memory_utilization) - self.non_kv_bytes
+        return int(self.device_memory_bytes * self.gpu_memory_utilization) - self.weights_bytes - self.overhead_bytes
 
     def to_dict(self) -> dict:
         """JSON form; byte figures are ints."""
@@ -268,6 +294,8 @@ class Deployment:
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
             "hf_overrides": self.hf_overrides, "max_num_batched_tokens": self.max_num_batched_tokens,
             "enforce_eager": self.enforce_eager, "usage_context": self.usage_context, "defaults": self.defaults,
+            "platform": self.platform, "vllm_version": self.vllm_version,
+            "overhead_terms": [t.to_dict() for t in self.overhead_terms], "unbudgeted_bytes": self.unbudgeted_bytes,
         }
 
 
@@ -277,6 +305,7 @@ USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
 """``--usage-context``: whose defaults vLLM gives what the options leave unset, by vLLM's ``UsageContext`` names:
 ``vllm serve`` (the OpenAI-compatible server) or the ``LLM`` class (vLLM's ``EngineArgs.get_batch_defaults``)."""
 SERVE_DEFAULTS = {"serve": "vllm serve", "llm": "the LLM class"}
+PLATFORMS = ("cuda", "ascend")
 """How the report names each usage context."""
 
 
@@ -305,6 +334,10 @@ def check_deployment(d: Deployment) -> None:
         raise UsageError(f"unknown --kv-cache-dtype {d.kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
     if d.usage_context not in USAGE_CONTEXTS:
         raise UsageError(f"unknown --usage-context {d.usage_context!r} (use {', '.join(USAGE_CONTEXTS)})")
+    if d.platform not in PLATFORMS:
+        raise UsageError(f"unknown platform {d.platform!r} (use {', '.join(PLATFORMS)})")
+    if d.vllm_version is not None and not re.fullmatch(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?\S{0,40}", d.vllm_version):
+        raise UsageError(f"--vllm-version {d.vllm_version!r} is not a vLLM release (e.g. 0.11.0)")
     if d.mamba_cache_mode is not None and d.mamba_cache_mode not in MAMBA_CACHE_MODES:
         raise UsageError(f"unknown --mamba-cache-mode {d.mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")
     for what, v in (("--device-memory", d.device_memory_bytes), ("--kv-cache-memory", d.kv_cache_memory_bytes)):

@@ -9,7 +9,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
-from kvaudit.deployment import DEFAULT_OVERHEAD_BYTES, DEVICES
+from kvaudit.deployment import DEVICES
 
 @dataclass(frozen=True)
 class Opt:
@@ -84,8 +84,12 @@ DEPLOYMENT_OPTIONS = (
         DEPLOY),
     Opt("weights", Optional[str], None, ("--weights",), "Weights per rank (default: computed from the config).",
         DEPLOY),
-    Opt("overhead", str, str(DEFAULT_OVERHEAD_BYTES), ("--overhead",),
-        "Other non-KV memory per rank: activations, non-torch (default 2GiB).", DEPLOY),
+    Opt("overhead", Optional[str], None, ("--overhead",),
+        "Non-KV memory per rank beside the weights, in place of kvaudit's model of vLLM's profile run "
+        "(peak activation, non-torch, CUDA graphs).", DEPLOY),
+    Opt("vllm_version", Optional[str], None, ("--vllm-version",),
+        "The vLLM release whose budget formula and start-up lines to emulate (default: the installed vLLM; "
+        "the installed vLLM still plans).", DEPLOY),
     Opt("kv_cache_memory", Optional[str], None, ("--kv-cache-memory",),
         "The KV budget itself, as vLLM's flag (skips the utilization formula).", DEPLOY),
     Opt("num_blocks", Optional[int], None, ("--num-blocks",),

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from kvaudit.deployment import (DEFAULT_OVERHEAD_BYTES, DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
+from kvaudit.deployment import (DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
                                 check_deployment)
 from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
+from kvaudit.releases import version_key
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec, check_config, with_overrides
 from kvaudit.strategy import KVBudget
@@ -230,7 +231,13 @@ def _build_key(d: Deployment) -> str:
     return cache_key(str(d.model.config_path), d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
-                     d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device)
+                     d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
+                     mxfp4_backend(d))
+
+
+LARGEST_TIER_FROM, LARGEST_TIER_BYTES = "0.28.0", 160 << 30
+"""vLLM 0.28 added a batch-defaults tier for devices of 160 GiB or more (``EngineArgs.get_batch_defaults``: 16,384
+tokens and sequences); the tiers below it are the same in every release from 0.11."""
 
 
 @contextlib.contextmanager
@@ -241,8 +248,11 @@ def _as_device(d: Deployment) -> Iterator[None]:
 
     cls = type(current_platform)
     dev = DEVICES.get(d.device)
+    memory = d.device_memory_bytes
+    if version_key(d.vllm_version or vllm_version() or "0") < version_key(LARGEST_TIER_FROM):
+        memory = min(memory, LARGEST_TIER_BYTES - 1)  # to an older vLLM such a device is one of ≥ 70 GiB
     with contextlib.ExitStack() as stack:
-        for name, value in (("get_device_total_memory", d.device_memory_bytes), ("get_device_name", dev.title if dev else "")):
+        for name, value in (("get_device_total_memory", memory), ("get_device_name", dev.title if dev else "")):
             old = cls.__dict__.get(name)
             setattr(cls, name, classmethod(lambda c, device_id=0, _v=value: _v))
             stack.callback(lambda name=name, old=old: setattr(cls, name, old) if old is not None else delattr(cls, name))
@@ -279,8 +289,11 @@ def engine_config(d: Deployment) -> Any:
     patched = stand_ins()  # (imports vLLM's model modules: outside the try, whose errors are the config's)
     try:
         with quiet_vllm(), patched, _as_device(d):
-            vc = EngineArgs(**_engine_args(d)).create_engine_config(
-                usage_context=UsageContext[USAGE_CONTEXTS[d.usage_context]])
+            context = UsageContext[USAGE_CONTEXTS[d.usage_context]]
+            vc = EngineArgs(**_engine_args(d)).create_engine_config(usage_context=context)
+            if _hybrid_prefix_caching_off(d, vc):  # the emulated release's default for hybrids
+                vc = EngineArgs(**_engine_args(d), enable_prefix_caching=False).create_engine_config(
+                    usage_context=context)
     except (KvauditError, MemoryError):
         raise
     except Exception as e:  # vLLM's and transformers' config code on the user's config: pydantic's and
@@ -292,6 +305,33 @@ def engine_config(d: Deployment) -> Any:
     return vc
 
 
+MARLIN_MXFP4_BEFORE = "0.12.0"
+"""vLLM releases before this one ship without the ``triton_kernels`` package (vendored from 0.12), so on Hopper
+their MXFP4 MoE layers fall back to Marlin (``get_mxfp4_backend``, ``quantization/mxfp4.py``)."""
+
+
+def mxfp4_backend(d: Deployment) -> str:
+    """The MXFP4 MoE kernel vLLM picks for the deployment (gpt-oss): Triton on Hopper, Marlin before Hopper (an
+    A100) and, on Hopper, in releases before ``MARLIN_MXFP4_BEFORE``. Marlin pads the expert widths (intermediate
+    to 128, hidden to 256), which "Model loading took" counts."""
+    dev = DEVICES.get(d.device)
+    old = version_key(d.vllm_version or vllm_version() or "0") < version_key(MARLIN_MXFP4_BEFORE)
+    return "MARLIN" if (dev is not None and dev.capability < (9, 0)) or old else "TRITON"
+
+
+HYBRID_PREFIX_CACHING_FROM = "0.28.0"
+"""The first vLLM release that turns prefix caching on by default for hybrid (Mamba / GDN) models, in ``align``
+mode (PR #50991, ``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``); before it hybrids run
+without prefix caching unless asked (vllm-ascend up to v0.25 pins such a vLLM)."""
+
+
+def _hybrid_prefix_caching_off(d: Deployment, vc: Any) -> bool:
+    """Whether the emulated release leaves prefix caching off where the installed vLLM turned it on by default."""
+    release = d.vllm_version or vllm_version() or "0"
+    return (d.enable_prefix_caching is None and vc.model_config.is_hybrid and vc.cache_config.enable_prefix_caching
+            and version_key(release) < version_key(HYBRID_PREFIX_CACHING_FROM))
+
+
 def model_for(d: Deployment) -> Any:
     """vLLM's model for the deployment's rank, built on ``meta`` (cached per process)."""
     from kvaudit import vllm_model
@@ -300,8 +340,12 @@ def model_for(d: Deployment) -> Any:
     built = vllm_model.built_model(key)
     if built is None:
         vc = engine_config(d)
-        with quiet_vllm():
-            built = vllm_model.build_model(vc, key, d.pp_rank)
+        token = vllm_model.MXFP4_BACKEND.set(mxfp4_backend(d))
+        try:
+            with quiet_vllm():
+                built = vllm_model.build_model(vc, key, d.pp_rank)
+        finally:
+            vllm_model.MXFP4_BACKEND.reset(token)
     return built
 
 
@@ -389,6 +433,8 @@ def _pp_stages(d: Deployment) -> list[Deployment]:
         s = d if rank == d.pp_rank else dataclasses.replace(d, pp_rank=rank)
         if s is not d and d.weights_source != "--weights":
             s = dataclasses.replace(s, weights_bytes=model_for(s).weights_bytes)
+        if s is not d and not any(t.key == "overhead" for t in d.overhead_terms):  # the sampler: last stage only
+            s = dataclasses.replace(s, **_non_kv(s, model_for(s).vllm_config, None))
         stages.append(s)
     return stages
 
@@ -511,7 +557,7 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         max_model_len=o.get("max_model_len") or (preset.max_model_len if preset else None),
         device=o.get("device") or (preset.device if preset else "atlas-a2-64g"),
         device_memory_bytes=size("device_memory"), dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
-        overhead_bytes=size("overhead", allow_zero=True) if o.get("overhead") is not None else DEFAULT_OVERHEAD_BYTES,
+        overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.get("vllm_version"),
         kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
         num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank,
         kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
@@ -532,7 +578,7 @@ def make_deployment(
     device_memory_bytes: int | None = None,
     dtype: str = "auto",
     weights_bytes: int | None = None,
-    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    overhead_bytes: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     kv_transfer: bool = False,
     num_blocks_override: int | None = None,
@@ -549,6 +595,7 @@ def make_deployment(
     max_num_batched_tokens: int | None = None,
     enforce_eager: bool = False,
     usage_context: str = "serve",
+    vllm_release: str | None = None,
 ) -> Deployment:
     """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
     and build its model for this rank to weigh it; impossible numbers are one-line errors."""
@@ -558,14 +605,15 @@ def make_deployment(
     d = Deployment(model=model, tp=tp, dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
                    device=device if device_memory_bytes is None else "custom", device_memory_bytes=mem,
                    gpu_memory_utilization=gpu_memory_utilization, weights_bytes=weights_bytes or 0,
-                   weights_source="--weights", overhead_bytes=overhead_bytes,
+                   weights_source="--weights", overhead_bytes=overhead_bytes or 0,
                    kv_cache_memory_bytes=kv_cache_memory_bytes, kv_transfer=kv_transfer,
                    num_blocks_override=num_blocks_override, pp=pp, pp_rank=pp_rank, requested_dtype=dtype,
                    kv_cache_dtype=kv_cache_dtype, quantization=quantization, block_size=block_size,
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
                    hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
-                   enforce_eager=enforce_eager, usage_context=usage_context)
+                   enforce_eager=enforce_eager, usage_context=usage_context,
+                   platform=DEVICES[device].platform if device in DEVICES else "cuda", vllm_version=vllm_release)
     if weights_bytes is not None and weights_bytes <= 0:
         raise UsageError(f"--weights must be positive, got {weights_bytes}")
     check_deployment(d)
@@ -581,6 +629,7 @@ def make_deployment(
             + (f", stage {pp_rank} of PP {pp}" if pp > 1 else "")
             + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'})"))
     resolved.update(_serve_defaults(d, built.vllm_config))
+    resolved.update(_non_kv(d, built.vllm_config, overhead_bytes))
     d = dataclasses.replace(d, **resolved)
     from kvaudit import vllm_model
 
@@ -588,11 +637,30 @@ def make_deployment(
     if d.kv_budget_bytes <= 0:
         need = d.non_kv_bytes / d.device_memory_bytes
         raise ConfigError(
-            f"no memory left for the KV cache: weights {fmt_bytes(d.weights_bytes)} + overhead "
+            f"no memory left for the KV cache: weights {fmt_bytes(d.weights_bytes)} + other non-KV memory "
             f"{fmt_bytes(d.overhead_bytes)} exceed {gpu_memory_utilization} × "
             f"{fmt_bytes(mem)} = {fmt_bytes(int(mem * gpu_memory_utilization))}; "
             f"--util must exceed {need:.3f}, or raise --tp")
     return d
+
+
+def emulated_release(d: Deployment) -> str:
+    """The vLLM release whose budget and start-up lines the deployment follows: ``--vllm-version``, else the
+    installed vLLM."""
+    return d.vllm_version or vllm_version() or "0"
+
+
+def _non_kv(d: Deployment, vc: Any, overhead_bytes: int | None) -> dict[str, Any]:
+    """The non-KV terms (``kvaudit.memory``) for the release emulated, or the one ``--overhead`` gives."""
+    from kvaudit import memory
+
+    release = emulated_release(d)
+    if overhead_bytes is not None:
+        terms: tuple[memory.Term, ...] = (memory.Term("overhead", overhead_bytes, "--overhead"),)
+    else:
+        terms = memory.non_kv_terms(vc, d.platform, release, last_stage=d.pp_rank == d.pp - 1)
+    return {"overhead_terms": terms, "overhead_bytes": sum(t.bytes for t in terms if t.budgeted),
+            "vllm_version": release}
 
 
 def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
@@ -604,9 +672,13 @@ def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
            "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
            "mamba_cache_mode": getattr(vc.cache_config, "mamba_cache_mode", None)}
     dev = DEVICES.get(d.device)
-    batch = (f"vLLM {vllm_version()}'s default for {SERVE_DEFAULTS[d.usage_context]} on a device of "
+    release = d.vllm_version or vllm_version()
+    batch = (f"vLLM {release}'s default for {SERVE_DEFAULTS[d.usage_context]} on a device of "
              f"{fmt_bytes(d.device_memory_bytes)}" + (f" ({dev.title})" if dev else "") + " (EngineArgs.get_batch_defaults)")
-    model = f"vLLM {vllm_version()}'s default for this model (EngineArgs.create_engine_config)"
+    model = f"vLLM {release}'s default for this model (EngineArgs.create_engine_config)"
+    if vc.model_config.is_hybrid and version_key(release or "0") < version_key(HYBRID_PREFIX_CACHING_FROM):
+        model = (f"vLLM {release}'s default for a hybrid model: prefix caching off before {HYBRID_PREFIX_CACHING_FROM} "
+                 "(PR #50991)")
     out: dict[str, Any] = {key: value for key, value in got.items() if getattr(d, key) is None and value is not None}
     out["defaults"] = {key: batch if key.startswith("max_num") else model for key in out}
     return out

@@ -207,7 +207,7 @@ def _model_dict(m: ModelSpec) -> dict:
 
 def _deployment_dict(d: Deployment) -> dict:
     fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "model"}
-    return {"model": _model_dict(d.model), **fields}
+    return {"model": _model_dict(d.model), **fields, "overhead_terms": [t.to_dict() for t in d.overhead_terms]}
 
 
 def _layout(vllm_config: Any) -> Any:
@@ -358,10 +358,21 @@ def _model(d: Any, where: str) -> ModelSpec:
 def _deployment(d: Any, where: str) -> Deployment:
     from kvaudit.deployment import check_deployment
 
-    f = _fields(Deployment, d, where, skip=("model",))
+    from kvaudit.memory import TITLES, Term
+
+    f = _fields(Deployment, d, where, skip=("model", "overhead_terms"))
     if not isinstance(d, dict) or "model" not in d:
         raise _Bad(f"{where} has no 'model'")
-    dep = Deployment(model=_model(d["model"], f"{where}.model"), **f)
+    terms = []
+    for i, t in enumerate(_checked(d.get("overhead_terms", []), list, f"{where}.overhead_terms")):
+        term = Term(**_fields(Term, t, f"{where}.overhead_terms[{i}]"))
+        if term.key not in TITLES:
+            raise _Bad(f"{where}.overhead_terms[{i}].key {term.key!r} is not a non-KV term ({', '.join(TITLES)})")
+        _at_least(f"{where}.overhead_terms[{i}].bytes", term.bytes, 0, MAX_BYTES)
+        terms.append(term)
+    dep = Deployment(model=_model(d["model"], f"{where}.model"), **f, overhead_terms=tuple(terms))
+    if dep.overhead_bytes != sum(t.bytes for t in terms if t.budgeted) and terms:
+        raise _Bad(f"{where}.overhead_bytes is not the sum of its budgeted overhead_terms")
     try:
         check_deployment(dep)
     except UsageError as e:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit import __version__
 from kvaudit.deployment import DEVICES, Deployment
+from kvaudit.memory import TITLES
 from kvaudit.results import AuditResult, KVPlan, PlanStage, Report, Verdict
 from kvaudit.units import fmt_bytes
 
@@ -59,8 +60,12 @@ def stages_to_json(reports: list[Report]) -> str:
 
 def plan_to_json(stages: list[PlanStage], vllm_version: str | None) -> str:
     """The JSON of ``kvaudit plan``."""
+    from kvaudit import startup
+
     return json.dumps({"schema_version": SCHEMA_VERSION, "kvaudit_version": __version__, "vllm_version": vllm_version,
-                       "stages": [s.to_dict() for s in stages]}, indent=2)
+                       "stages": [{**s.to_dict(), "startup": [
+                           startup.report_dict(s.deployment, s.plans[n], s.capacity[n])
+                           for n in startup.own_plans(s.deployment, s.plans)]} for s in stages]}, indent=2)
 
 
 def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
@@ -76,9 +81,7 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
         stage = f" · PP stage {d.pp_rank} of {d.pp}" if d.pp > 1 else ""
         out.append(Text.from_markup(
             f"[bold]{e(d.model.name)}[/] ({e(str(d.architecture))}) · TP {d.tp}{stage} · {d.dtype} · kv-cache-dtype "
-            f"{d.kv_cache_dtype} · max-model-len {d.max_model_len:,}\nweights {fmt_bytes(d.weights_bytes)} + other "
-            f"{fmt_bytes(d.overhead_bytes)} on {fmt_bytes(d.device_memory_bytes)} at {d.gpu_memory_utilization} → "
-            f"KV budget [bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B)"
+            f"{d.kv_cache_dtype} · max-model-len {d.max_model_len:,}\n{e(split_line(d))}"
             + (f"\n{e(defaults_line(d))}" if d.defaults else "")))
         pt = Table(title="Plans", title_justify="left")
         for col in ("platform rule", "strategies", "block size", "num_blocks", "planned bytes"):
@@ -89,12 +92,43 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
                        f"{fmt_bytes(plan.planned_bytes)}")
         out.append(pt)
         out.append(capacity_table(st.capacity, list(names.items())))
+        out += _startup_lines(st)
         if st.safe_utilization:
             out.append(Text.from_markup("highest gpu_memory_utilization that does not run out of device memory: " + ", ".join(
                 f"[bold]{e(s)}[/] {'none' if u is None else f'{u:.3f}'}" for s, u in st.safe_utilization.items())))
         for s, why in st.refused.items():
             out.append(Text.from_markup(f"[bold]{e(s)}[/]: not planned: {e(why)}"))
     return out
+
+
+def _startup_lines(st: PlanStage) -> list[Any]:
+    """What the emulated release would log at start-up for each of the platform's own plans, to diff against a log."""
+    from rich.markup import escape as e
+    from rich.text import Text
+
+    from kvaudit import startup
+
+    d = st.deployment
+    out = []
+    for name in startup.own_plans(d, st.plans):
+        emulated = f"vLLM {d.vllm_version}" + (f" (emulated; vLLM {st.plans[name].vllm_version} planned)"
+                                               if d.vllm_version != st.plans[name].vllm_version else "")
+        body = "\n".join("  " + e(line) for line in startup.lines(d, st.plans[name], st.capacity[name]))
+        out.append(Text.from_markup(f"Start-up lines {e(emulated)} would log under the [bold]{e(name)}[/] rule:\n{body}"))
+    return out
+
+
+def split_line(d: Deployment) -> str:
+    """Device memory × utilization split into weights, each non-KV term and the KV budget, as the emulated
+    release budgets it; terms it does not subtract follow as memory beyond the budget."""
+    total = int(d.device_memory_bytes * d.gpu_memory_utilization)
+    parts = [f"weights {fmt_bytes(d.weights_bytes)}"] + [
+        f"{TITLES[t.key]} {fmt_bytes(t.bytes)}" for t in d.overhead_terms if t.budgeted]
+    head = (f"{fmt_bytes(d.device_memory_bytes)} × {d.gpu_memory_utilization} = {fmt_bytes(total)} = "
+            if d.kv_cache_memory_bytes is None else "--kv-cache-memory: ")
+    line = head + " + ".join(parts + [f"KV {fmt_bytes(d.kv_budget_bytes)}"]) + f" (vLLM {d.vllm_version}'s budget)"
+    beyond = [f"{TITLES[t.key]} {fmt_bytes(t.bytes)}" for t in d.overhead_terms if not t.budgeted]
+    return line + (f"; beyond it: {', '.join(beyond)}" if beyond else "")
 
 
 def defaults_line(d: Deployment) -> str:
@@ -218,10 +252,10 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
                                           f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))}")
     dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({e(d.weights_source)})")
-    dep.add_row("other non-KV memory", f"{fmt_bytes(d.overhead_bytes)} (activations and non-torch "
-                                       "allocations: an allowance, set with --overhead)")
+    for t in d.overhead_terms:
+        dep.add_row(TITLES[t.key], f"{fmt_bytes(t.bytes)} ({e(t.source)})")
     budget = ("--kv-cache-memory" if d.kv_cache_memory_bytes is not None
-              else "device memory × utilization − weights − other")
+              else "device memory × utilization − weights − the terms above")
     dep.add_row("KV budget", f"[bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B = {budget})")
     extras = []
     if d.kv_transfer:

@@ -386,7 +386,7 @@ def _deployment(values: dict[str, Sourced], inputs: _Inputs) -> Deployment:
                 kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1)
     if args["device_memory_bytes"] is None:
         args.pop("device_memory_bytes")
-        args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"
+    args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"  # (and whose worker budgets)
     d = make_deployment(spec, **args)
     budget = v.get("KV budget")
     if budget is None or budget <= 0:
@@ -496,7 +496,8 @@ def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> 
         values["weights"] = Sourced(d.weights_bytes, f"derived: {d.weights_source}")
     values["other non-KV"] = Sourced(d.non_kv_bytes - d.weights_bytes, "derived: device memory × utilization − "
                                      "weights − KV budget" if "available_kv" in ev.facts
-                                     else "assumed: kvaudit's default allowance (activations, non-torch)")
+                                     else "derived: vLLM's profile run as kvaudit models it (peak activation, "
+                                     "non-torch, CUDA graphs)")
 
 
 def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], evidence: list[str], headline: str,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import copy
 import importlib
 import json
@@ -28,6 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from kvaudit.errors import ConfigError, KvauditError
+
+
+MXFP4_BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("MXFP4_BACKEND", default="TRITON")
+"""The MXFP4 MoE kernel vLLM picks for the deployment's device and release (``kvaudit.plan.mxfp4_backend``):
+vLLM rounds the expert sizes up for it while it builds the layers (``maybe_roundup_sizes``), so the weights
+built here are the ones that kernel holds after loading."""
 
 
 @dataclass
@@ -212,8 +219,8 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     mx = _optional("vllm.model_executor.layers.quantization.mxfp4")
     mx_oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
     if mx is not None and mx_oracle is not None and hasattr(mx, "select_mxfp4_moe_backend"):
-        triton = mx_oracle.Mxfp4MoeBackend.TRITON
-        out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (triton, None)))
+        backends = mx_oracle.Mxfp4MoeBackend
+        out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (getattr(backends, MXFP4_BACKEND.get()), None)))
     kernels = _optional("vllm.model_executor.kernels.linear")
     if kernels is not None:  # the linear-kernel tables: what they list for CUDA
         from vllm.platforms.interface import PlatformEnum

@@ -60,8 +60,11 @@ def update_golden(request) -> bool:
 
 
 def deployment(preset: str = "qwen3-next", **kw):
+    """A preset's deployment. Tests of allocators and plans take a fixed 2 GiB of non-KV memory (``--overhead``), so
+    their figures do not move with the non-KV model's calibration; ``overhead_bytes=None`` takes the model."""
     p = PRESETS[preset]
-    args = dict(tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7, device=p.device)
+    args = dict(tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7, device=p.device,
+                overhead_bytes=2 << 30)
     args.update(kw)
     return make_deployment(load_preset_spec(p), **args)
 

@@ -12,7 +12,9 @@ from kvaudit.audit import dry_run
 from kvaudit.capacity import capacity, highest_safe_utilization
 from kvaudit.cli import main
 from kvaudit.plan import build_plan, load_vllm
+from kvaudit.memory import TITLES
 from kvaudit.strategies import STRATEGIES
+from kvaudit.units import fmt_bytes
 from conftest import VLLM_VERSION, deployment
 
 
@@ -89,9 +91,14 @@ def test_plan_command_table(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0 and f"plans by vLLM {VLLM_VERSION} · nothing allocated" in out
     assert "Qwen3-Next-80B-A3B-Instruct (Qwen3NextForCausalLM) · TP 4 · bfloat16" in out
-    assert "KV budget 3.45 GiB (3,709,703,296 B)" in out
+    d = deployment(overhead_bytes=None)  # the same deployment, with kvaudit's non-KV model as the command takes it
+    terms = " + ".join(f"{TITLES[t.key]} {fmt_bytes(t.bytes)}" for t in d.overhead_terms)
+    assert (f"60.96 GiB × 0.7 = 42.67 GiB = weights {fmt_bytes(d.weights_bytes)} + {terms} + KV "
+            f"{fmt_bytes(d.kv_budget_bytes)} (vLLM {VLLM_VERSION}'s budget)") in out
     assert re.search(r"cuda\s+│ vllm\s+│\s+\d+ │", out) and re.search(r"ascend-align128 │ ascend-0.11 │\s+384 │", out)
-    assert "highest gpu_memory_utilization that does not run out of device memory: vllm 1.000, ascend-0.11 0.732" in out
+    assert f"Start-up lines vLLM {VLLM_VERSION} would log under the ascend-align128 rule:" in out
+    assert f"Loading model weights took {d.weights_bytes / (1 << 30):.4f} GB" in out and "cuda rule:" not in out
+    assert re.search(r"does not run out of device memory: vllm 1\.000, ascend-0\.11 0\.7[0-9]{2}", out)
 
 
 def test_audit_over_pipeline_stages(capsys):

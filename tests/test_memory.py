@@ -1,0 +1,155 @@
+"""The non-KV memory model (``kvaudit.memory``) and the start-up lines (``kvaudit.startup``): every term is in the
+budget, each release era is the one its vLLM had, and the lines carry that release's wording and definitions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvaudit import memory, startup
+from kvaudit.capacity import capacity
+from kvaudit.plan import model_for
+from conftest import deployment as _deployment
+from conftest import plan_for, skip_unless_planned
+
+
+def deployment(preset, **kw):
+    """A preset's deployment with kvaudit's non-KV model (not the fixed overhead other tests take)."""
+    return _deployment(preset, **{"overhead_bytes": None, **kw})
+
+
+def _terms(d):
+    return {t.key: t for t in d.overhead_terms}
+
+
+def test_the_budget_subtracts_every_term():
+    """Device memory × util − weights − peak activation − non-torch − CUDA graphs, each computed here on its own
+    from vLLM's config: dropping a term from the sum (or from the list) fails this."""
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9)
+    vc = model_for(d).vllm_config
+    act = memory.peak_activation(vc, "cuda", d.vllm_version)
+    nt = memory.non_torch(vc, "cuda")
+    graphs = memory.cuda_graphs(vc, d.vllm_version)
+    assert act.bytes > 0 and nt.bytes > 0 and graphs is not None and graphs.bytes > 0 and graphs.budgeted
+    assert set(_terms(d)) == {"peak_activation", "non_torch", "cuda_graphs"}
+    assert d.kv_budget_bytes == int(d.device_memory_bytes * 0.9) - d.weights_bytes - act.bytes - nt.bytes - graphs.bytes
+    assert d.non_kv_bytes == d.weights_bytes + act.bytes + nt.bytes + graphs.bytes
+
+
+def test_overhead_replaces_the_model():
+    d = _deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, overhead_bytes=3 << 30)
+    assert [t.key for t in d.overhead_terms] == ["overhead"]
+    assert d.kv_budget_bytes == int(d.device_memory_bytes * 0.9) - d.weights_bytes - (3 << 30)
+
+
+def test_graph_estimate_is_subtracted_from_vllm_0_20_only():
+    new = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, vllm_release="0.20.0")
+    old = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, vllm_release="0.19.1")
+    g_new, g_old = _terms(new)["cuda_graphs"], _terms(old)["cuda_graphs"]
+    assert g_new.budgeted and not g_old.budgeted
+    assert old.unbudgeted_bytes == g_old.bytes > 0 and new.unbudgeted_bytes == 0
+    # the older release hands the planner more, and uses the graphs' memory beyond the budget
+    assert old.kv_budget_bytes - new.kv_budget_bytes == g_new.bytes
+    assert old.non_kv_bytes == new.non_kv_bytes
+
+
+def test_no_graphs_with_enforce_eager_or_on_ascend():
+    eager = deployment("llama-3.1-8b", device="h100-80g", enforce_eager=True)
+    assert "cuda_graphs" not in _terms(eager)
+    npu = deployment("llama-3.1-8b", device="atlas-a2-64g")
+    assert npu.platform == "ascend" and "cuda_graphs" not in _terms(npu)
+
+
+def test_sampler_copies_follow_the_release():
+    """0.12-0.16 sort in PyTorch (7 copies of the logits); 0.17+ and FlashInfer 3.5; vllm-ascend only computes the
+    logits (half a copy in bf16)."""
+    kw = dict(device="h100-80g", max_num_seqs=1024, max_num_batched_tokens=1024)
+    sort = _terms(deployment("llama-3.1-8b", vllm_release="0.15.0", **kw))["peak_activation"].bytes
+    triton = _terms(deployment("llama-3.1-8b", vllm_release="0.33.0", **kw))["peak_activation"].bytes
+    npu = _terms(deployment("llama-3.1-8b", device="atlas-a2-64g", max_num_seqs=1024,
+                            max_num_batched_tokens=1024))["peak_activation"].bytes
+    logits = 1024 * 128_256 * 4
+    assert sort - triton == int(7.0 * logits) - int(3.5 * logits)
+    assert triton - npu == int(3.5 * logits) - int(0.5 * logits)  # the same forward on both platforms
+
+
+def test_more_batched_tokens_more_activation():
+    small = _terms(deployment("llama-3.1-8b", device="h100-80g", max_num_batched_tokens=2048, max_num_seqs=16))
+    large = _terms(deployment("llama-3.1-8b", device="h100-80g", max_num_batched_tokens=32768, max_num_seqs=16))
+    assert large["peak_activation"].bytes > 4 * small["peak_activation"].bytes
+
+
+def test_only_the_last_pp_stage_samples():
+    skip_unless_planned("qwen3-8b")
+    kw = dict(device="h100-80g", pp=2, tp=1, max_model_len=8192, gpu_memory_utilization=0.9)
+    first = deployment("qwen3-8b", pp_rank=0, **kw)
+    last = deployment("qwen3-8b", pp_rank=1, **kw)
+    assert "logits" not in _terms(first)["peak_activation"].source
+    assert _terms(last)["peak_activation"].bytes > _terms(first)["peak_activation"].bytes
+
+
+def test_collectives_count_once_a_rank_has_peers():
+    one = _terms(deployment("qwen3-30b-a3b", device="h100-80g", tp=1, gpu_memory_utilization=0.9))["non_torch"].bytes
+    two = _terms(deployment("qwen3-30b-a3b", device="h100-80g", tp=2, gpu_memory_utilization=0.9))["non_torch"].bytes
+    assert two - one == memory.COLLECTIVE_BYTES["cuda"]
+
+
+def test_capture_sizes_are_vllms():
+    d = deployment("llama-3.1-8b", device="h100-80g")  # 1024 sequences: vLLM captures up to 512
+    sizes = memory.capture_sizes(model_for(d).vllm_config)
+    assert sizes[:4] == [1, 2, 4, 8] and max(sizes) == 512 and len(sizes) == 51
+
+
+# --- start-up lines --------------------------------------------------------------------------------------
+
+def _lines(d, rule="cuda"):
+    plan = plan_for(d, rule)
+    return startup.lines(d, plan, capacity(plan)), plan
+
+
+def test_startup_lines_in_the_wording_of_vllm_0_33():
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, vllm_release="0.33.0")
+    lines, plan = _lines(d)
+    cap = capacity(plan)
+    assert lines[0] == f"Model loading took {round(d.weights_bytes / (1 << 30), 2)} GiB memory and ... seconds"
+    assert f"Available KV cache memory: {round(d.kv_budget_bytes / (1 << 30), 2)} GiB" in lines
+    assert lines[-1] == (f"GPU KV cache size: {int(cap.max_concurrency * d.max_model_len):,} tokens, Maximum "
+                         f"concurrency for {d.max_model_len:,} tokens per request: {cap.max_concurrency:.2f}x")
+
+
+def test_startup_lines_in_the_wording_of_vllm_0_11():
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, vllm_release="0.11.0")
+    lines, plan = _lines(d)
+    assert lines[0] == f"Model loading took {d.weights_bytes / (1 << 30):.4f} GiB and ... seconds"
+    assert f"Available KV cache memory: {d.kv_budget_bytes / (1 << 30):.2f} GiB" in lines
+    assert not any("Estimated CUDA graph" in line for line in lines)  # (0.18+)
+    assert lines[-2] == f"GPU KV cache size: {plan.num_blocks * plan.block_size:,} tokens"
+    assert lines[-1].startswith("Maximum concurrency for 8,192 tokens per request: ")
+
+
+def test_kv_cache_tokens_changed_meaning_in_0_21():
+    """For a hybrid the old definition (blocks per group × block size) and the new (concurrency × length) differ."""
+    d = deployment("qwen3-next", device="h100-80g", gpu_memory_utilization=0.9)
+    plan = plan_for(d, "cuda")
+    cap = capacity(plan)
+    old = startup.kv_cache_tokens(plan, cap, "0.20.2")
+    new = startup.kv_cache_tokens(plan, cap, "0.21.0")
+    assert old == plan.num_blocks // 4 * plan.block_size
+    assert new == int(cap.max_concurrency * d.max_model_len) and new != old
+
+
+def test_ascend_startup_lines():
+    d = deployment("qwen3-next", vllm_release="0.13.0")
+    lines, plan = _lines(d, "ascend-align128")
+    assert lines[0] == f"Loading model weights took {d.weights_bytes / (1 << 30):.4f} GB"
+    assert lines[1] == f"Available memory: {d.kv_budget_bytes}, total memory: {d.device_memory_bytes}"
+    newer = dataclasses.replace(d, vllm_version="0.30.0")
+    assert startup.lines(newer, plan, capacity(plan))[-1].startswith("NPU KV cache size: ")
+
+
+def test_a_bad_vllm_version_is_a_usage_error():
+    from kvaudit.errors import UsageError
+
+    with pytest.raises(UsageError, match="vllm-version"):
+        deployment("llama-3.1-8b", vllm_release="latest")
