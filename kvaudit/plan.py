@@ -232,7 +232,7 @@ def _build_key(d: Deployment) -> str:
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
-                     mxfp4_backend(d))
+                     mxfp4_backend(d), emulated_release(d))
 
 
 LARGEST_TIER_FROM, LARGEST_TIER_BYTES = "0.28.0", 160 << 30

@@ -87,6 +87,12 @@ def test_only_the_last_pp_stage_samples():
     last = deployment("qwen3-8b", pp_rank=1, **kw)
     assert "logits" not in _terms(first)["peak_activation"].source
     assert _terms(last)["peak_activation"].bytes > _terms(first)["peak_activation"].bytes
+    # planning stage 0, the planner is handed every stage's budget: the last stage's is its own (it samples)
+    from kvaudit.plan import _pp_stages
+
+    stages = _pp_stages(first)
+    assert [s.pp_rank for s in stages] == [0, 1] and stages[1].kv_budget_bytes == last.kv_budget_bytes
+    assert stages[0].kv_budget_bytes == first.kv_budget_bytes != last.kv_budget_bytes
 
 
 def test_collectives_count_once_a_rank_has_peers():
@@ -153,3 +159,74 @@ def test_a_bad_vllm_version_is_a_usage_error():
 
     with pytest.raises(UsageError, match="vllm-version"):
         deployment("llama-3.1-8b", vllm_release="latest")
+
+
+def test_mxfp4_experts_are_padded_for_marlin():
+    """gpt-oss on an A100, or on Hopper before vLLM 0.12, runs Marlin's MXFP4 kernel, which pads every expert
+    (intermediate 2880 → 2944, hidden 2880 → 3072, vLLM's own maybe_roundup_sizes): the weights "Model loading
+    took" counts grow by about 1.2 MB an expert."""
+    skip_unless_planned("gpt-oss-120b")
+    kw = dict(tp=1, max_model_len=8192, gpu_memory_utilization=0.95)
+    triton = deployment("gpt-oss-120b", device="h100-80g", **kw)
+    old = deployment("gpt-oss-120b", device="h100-80g", vllm_release="0.11.0", **kw)
+    a100 = deployment("gpt-oss-120b", device="a100-80g", **kw)
+    experts = 36 * 128
+    assert 1.1e6 < (old.weights_bytes - triton.weights_bytes) / experts < 1.3e6
+    assert a100.weights_bytes == old.weights_bytes
+
+
+def test_vllms_own_memory_lines_are_read():
+    from kvaudit.evidence import clean_lines, extract
+
+    ev = extract(clean_lines(
+        "(Worker_TP1 pid=1) INFO 08-14 09:28:01 [gpu_worker.py:857] Free memory on device (77.78/79.33 GiB) on startup. "
+        "Desired GPU memory utilization is (0.85, 67.43 GiB). Actual usage is 16.92 GiB for weight, 5.66 GiB for peak "
+        "activation, 0.13 GiB for non-torch memory, and 1.34 GiB for CUDAGraph memory.\n"
+        "(Worker pid=1) INFO [gpu_model_runner.py:6100] Estimated CUDA graph memory: 0.13 GiB total\n"
+        "(Worker pid=1) INFO [gpu_model_runner.py:5000] Graph capturing finished in 13 secs, took 0.49 GiB\n"))
+    gib = 1 << 30
+    assert [round(ev.value(k) / gib, 2) for k in ("profiled_weights", "peak_activation", "non_torch", "cudagraph_memory",
+                                                   "cudagraph_estimate", "graph_capture")] == [16.92, 5.66, 0.13, 1.34,
+                                                                                              0.13, 0.49]
+
+
+def test_a_saved_plan_keeps_the_terms(tmp_path):
+    from kvaudit import planfile
+    from kvaudit.capacity import plan_stage
+    from kvaudit.strategies import STRATEGIES
+
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9)
+    path = planfile.save([plan_stage(d, [STRATEGIES["vllm"]])], d.vllm_version, tmp_path / "p.json")
+    back = planfile.load(path).stages[0].deployment
+    assert back.overhead_terms == d.overhead_terms and back.kv_budget_bytes == d.kv_budget_bytes
+    assert back.vllm_version == d.vllm_version and back.platform == "cuda"
+
+
+def test_hybrids_default_to_no_prefix_caching_before_vllm_0_28():
+    old = deployment("qwen3-next", vllm_release="0.27.1")
+    new = deployment("qwen3-next", vllm_release="0.28.0")
+    assert old.enable_prefix_caching is False and "PR #50991" in old.defaults["enable_prefix_caching"]
+    assert new.enable_prefix_caching is True and new.mamba_cache_mode == "align"
+    dense = deployment("llama-3.1-8b", vllm_release="0.27.1")  # (not a hybrid: on in every release)
+    assert dense.enable_prefix_caching is True
+
+
+def test_a_plan_file_with_a_forged_term_is_refused(tmp_path):
+    import json
+
+    from kvaudit import planfile
+    from kvaudit.capacity import plan_stage
+    from kvaudit.errors import ConfigError
+    from kvaudit.strategies import STRATEGIES
+
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9)
+    path = planfile.save([plan_stage(d, [STRATEGIES["vllm"]])], d.vllm_version, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    data["stages"][0]["deployment"]["overhead_terms"][0]["bytes"] += 1  # no longer the sum it claims
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="overhead_bytes is not the sum"):
+        planfile.load(path)
+    data["stages"][0]["deployment"]["overhead_terms"][0].update(key="os.system", bytes=1)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="not a non-KV term"):
+        planfile.load(path)
