@@ -190,9 +190,9 @@ def main() -> None:
                 rows.append(measure(key, entry))
             except KvauditError as e:
                 print(f"{key}: not measured: {e.message}", file=sys.stderr)
-        from kvaudit.releases import version_key
+        from kvaudit.versions import version_key
 
-        old = [r for r in rows if version_key(r["release"]) < version_key(MODELLED_FROM)]
+        old = [r for r in rows if version_key(r["release"] or "0") < version_key(MODELLED_FROM)]
         report([r for r in rows if r not in old], title, a.terms)
         if old:
             report(old, f"{title}, vLLM before {MODELLED_FROM} (the V0 engine: not modelled, not scored)", a.terms)

@@ -19,7 +19,8 @@ from kvaudit.units import MAX_BYTES
 
 
 LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
-          "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64}
+          "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
+          "max_cudagraph_capture_size": 1 << 16}
 """The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
 and PP 2-16 in public vllm-ascend and vLLM deployments; max_model_len as ``spec.AT_MOST``'s positions), so that
 no option makes kvaudit build millions of objects. Byte options are bounded by ``units.MAX_BYTES``."""
@@ -241,6 +242,9 @@ class Deployment:
     num_speculative_tokens: int = 0
     hf_overrides: dict | None = field(default=None, hash=False)
     max_num_batched_tokens: int | None = None
+    max_cudagraph_capture_size: int | None = None
+    """vLLM's ``--max-cudagraph-capture-size``: the largest batch CUDA graphs are captured for (default: vLLM's,
+    ``min(2 × max_num_seqs, 512)``)."""
     enforce_eager: bool = False
     usage_context: str = "serve"
     """Whose defaults vLLM gives what the options leave unset: ``serve`` (``vllm serve``) or ``llm`` (the ``LLM`` class)."""
@@ -293,6 +297,7 @@ class Deployment:
             "enable_prefix_caching": self.enable_prefix_caching, "mamba_cache_mode": self.mamba_cache_mode,
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
             "hf_overrides": self.hf_overrides, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_cudagraph_capture_size": self.max_cudagraph_capture_size,
             "enforce_eager": self.enforce_eager, "usage_context": self.usage_context, "defaults": self.defaults,
             "platform": self.platform, "vllm_version": self.vllm_version,
             "overhead_terms": [t.to_dict() for t in self.overhead_terms], "unbudgeted_bytes": self.unbudgeted_bytes,
@@ -318,7 +323,8 @@ def check_deployment(d: Deployment) -> None:
     for what, n, key in (("--tp", d.tp, "tp"), ("--pp", d.pp, "pp"), ("--max-model-len", d.max_model_len, "max_model_len"),
                          ("--num-blocks", d.num_blocks_override, "num_blocks"), ("--block-size", d.block_size, "block_size"),
                          ("--max-num-seqs", d.max_num_seqs, "max_num_seqs"),
-                         ("--max-num-batched-tokens", d.max_num_batched_tokens, "max_num_batched_tokens")):
+                         ("--max-num-batched-tokens", d.max_num_batched_tokens, "max_num_batched_tokens"),
+                         ("--max-cudagraph-capture-size", d.max_cudagraph_capture_size, "max_cudagraph_capture_size")):
         if n is not None and n < 1:
             raise UsageError(f"{what} must be at least 1, got {n}")
         if n is not None and n > LIMITS[key]:

@@ -6,18 +6,17 @@ vLLM's worker measures this on the device at start-up (``Worker.determine_availa
     KV budget = device memory × gpu_memory_utilization − weights − peak activation − non-torch − graph estimate
 
 kvaudit has no device, so each measured term is modelled from the code vLLM runs to produce it, with
-the constants named below, each calibrated once against the start-up logs in ``fixtures/startup-logs``
-(``bench/startup.py`` prints the fit). What vLLM computes itself is asked of vLLM: the batch sizes and
+the constants named below, each set once from public start-up logs that print vLLM's own figures (the
+README's "Non-KV memory and start-up lines" names them; ``bench/startup.py`` measures the result). What vLLM computes itself is asked of vLLM: the batch sizes and
 sequence counts (its engine config), the CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``),
 the model's dimensions per rank (``ModelConfig``).
 
-- **peak activation**: the torch allocator's peak above what stays allocated during ``profile_run``: the
-  model's forward over ``max_num_batched_tokens`` dummy tokens (``_dummy_run``), then the sampler's dummy run
-  over ``min(max_num_seqs, max_num_batched_tokens)`` rows of vocabulary-wide logits (``_dummy_sampler_run``),
-  while the forward's hidden states are still held.
-- **non-torch**: memory the process holds outside torch's allocator, grown from the engine's creation to after
-  profiling: cuBLAS and attention workspaces, and with TP or PP the collective library's buffers (NCCL on
-  CUDA, HCCL on Ascend) and vLLM's custom all-reduce buffers.
+- **peak activation**: what ``profile_run`` adds to the torch allocator's peak: the model's forward over
+  ``max_num_batched_tokens`` dummy tokens (``_dummy_run``), then the sampler's dummy run over
+  ``min(max_num_seqs, max_num_batched_tokens)`` rows of vocabulary-wide logits (``_dummy_sampler_run``).
+- **non-torch**: memory the process holds outside torch's allocator, grown from vLLM's baseline snapshot to
+  after profiling: workspaces, and with TP or PP peers the collective library's buffers (NCCL on CUDA, HCCL on
+  Ascend, where vllm-ascend up to v0.14 counts all of the process's non-torch memory).
 - **CUDA graphs**: vLLM ≥ ``GRAPH_ESTIMATE_FROM`` estimates the graphs' pool (``profile_cudagraph_memory``:
   the first capture of each mode plus one per-graph increment for each further graph) and subtracts it;
   older releases capture after the KV cache is allocated, so the graphs take memory beyond the budget.
@@ -30,10 +29,10 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from kvaudit.releases import version_key
+from kvaudit.versions import version_key
 from kvaudit.units import GiB, MiB
 
-# --- calibrated constants (bench/startup.py fits them; README "Non-KV memory" gives the figures) ----------
+# --- constants set once from public logs (README "Non-KV memory and start-up lines" names each source) ------
 
 FORWARD_SCALE = 1.75
 """The profile forward's torch peak over the structural width of one decoder layer (``_forward_width``)."""
@@ -112,7 +111,8 @@ def _dims(vc: Any) -> dict[str, int]:
         "dense": -(-get("intermediate_size", "ffn_hidden_size") // tp),
         "experts": experts, "topk": get("num_experts_per_tok", "experts_per_token", "moe_topk") if experts else 0,
         "moe": -(-get("moe_intermediate_size", "expert_intermediate_size", "intermediate_size") // tp) if experts else 0,
-        "shared": -(-get("shared_expert_intermediate_size", "n_shared_experts") // tp) if experts else 0,
+        "shared": -(-(get("shared_expert_intermediate_size") or get("n_shared_experts") * get("moe_intermediate_size"))
+                    // tp) if experts else 0,
     }
 
 
@@ -125,7 +125,7 @@ def _forward_width(dims: dict[str, int]) -> int:
     mlp = 3 * dims["dense"]
     if dims["experts"]:
         n = dims["moe"]
-        mlp = max(mlp if not dims["topk"] else 0, dims["topk"] * (max(2 * n, dims["hidden"]) + n)) + 3 * dims["shared"]
+        mlp = max(mlp, dims["topk"] * (max(2 * n, dims["hidden"]) + n) + 3 * dims["shared"])  # (dense layers too)
     return 3 * dims["hidden"] + max(attn, mlp)
 
 
@@ -171,9 +171,9 @@ def non_torch(vc: Any, platform: str) -> Term:
         + (" + the MoE (mc2) group's HCCL buffers" if moe else ""))
 
 
-def capture_sizes(vc: Any) -> list[int]:
+def capture_sizes(vc: Any, max_capture: int | None = None) -> list[int]:
     """The batch sizes vLLM captures CUDA graphs for, by vLLM's own ``VllmConfig._set_cudagraph_sizes`` as a CUDA
-    host runs it (this host's platform turns graphs off), unless the deployment set them."""
+    host runs it (this host's platform turns graphs off), up to ``--max-cudagraph-capture-size`` where given."""
     from vllm.config import CUDAGraphMode
 
     if vc.model_config.enforce_eager:
@@ -185,16 +185,16 @@ def capture_sizes(vc: Any) -> list[int]:
     probe.compilation_config = cc2
     cc2.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     cc2.cudagraph_capture_sizes = None
-    cc2.max_cudagraph_capture_size = None
+    cc2.max_cudagraph_capture_size = max_capture
     probe._set_cudagraph_sizes()
     return list(cc2.cudagraph_capture_sizes or [])
 
 
-def cuda_graphs(vc: Any, release: str) -> Term | None:
+def cuda_graphs(vc: Any, release: str, max_capture: int | None = None) -> Term | None:
     """vLLM's CUDA-graph estimate as ``profile_cudagraph_memory`` forms it (per mode: the first capture plus one
     increment per further graph; FULL and PIECEWISE overlay in one pool): FULL graphs for decode batches up to
     ``max_num_seqs``, PIECEWISE for every capture size; ``None`` with ``--enforce-eager``."""
-    sizes = capture_sizes(vc)
+    sizes = capture_sizes(vc, max_capture)
     if not sizes:
         return None
     dims, b = _dims(vc), _dtype_bytes(vc)
@@ -211,12 +211,13 @@ def cuda_graphs(vc: Any, release: str) -> Term | None:
                 budgeted)
 
 
-def non_kv_terms(vc: Any, platform: str, release: str, last_stage: bool = True) -> tuple[Term, ...]:
+def non_kv_terms(vc: Any, platform: str, release: str, last_stage: bool = True,
+                 max_capture: int | None = None) -> tuple[Term, ...]:
     """Every modelled term for the deployment ``vc`` describes, on ``cuda`` or ``ascend``, as ``release`` budgets
     it. ACL graphs on Ascend are not modelled: vllm-ascend does not subtract them."""
     terms = [peak_activation(vc, platform, release, last_stage), non_torch(vc, platform)]
     if platform == "cuda":
-        graphs = cuda_graphs(vc, release)
+        graphs = cuda_graphs(vc, release, max_capture)
         if graphs is not None:
             terms.append(graphs)
     return tuple(terms)

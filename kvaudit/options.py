@@ -69,6 +69,8 @@ DEPLOYMENT_OPTIONS = (
     Opt("max_num_batched_tokens", Optional[int], None, ("--max-num-batched-tokens",),
         "vLLM's --max-num-batched-tokens (default: vLLM's for the usage context and device; a sliding-window group "
         "holds a window plus these tokens per request).", DEPLOY),
+    Opt("max_cudagraph_capture_size", Optional[int], None, ("--max-cudagraph-capture-size",),
+        "vLLM's --max-cudagraph-capture-size: the largest batch CUDA graphs are captured for (their memory).", DEPLOY),
     Opt("enforce_eager", bool, False, ("--enforce-eager",), "vLLM's --enforce-eager: no CUDA/ACL graphs.", DEPLOY),
     Opt("usage_context", str, "serve", ("--usage-context",),
         "Whose defaults vLLM gives what is unset: serve (vllm serve) or llm (the LLM class).", DEPLOY),

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 from kvaudit.deployment import (DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
                                 check_deployment)
 from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
-from kvaudit.releases import version_key
+from kvaudit.versions import version_key
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.spec import ModelSpec, check_config, with_overrides
 from kvaudit.strategy import KVBudget
@@ -232,7 +232,7 @@ def _build_key(d: Deployment) -> str:
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
-                     mxfp4_backend(d), emulated_release(d))
+                     mxfp4_backend(d), emulated_release(d), d.max_cudagraph_capture_size)
 
 
 LARGEST_TIER_FROM, LARGEST_TIER_BYTES = "0.28.0", 160 << 30
@@ -267,7 +267,8 @@ def _engine_args(d: Deployment) -> dict[str, Any]:
         quantization=d.quantization, hf_overrides=dict(d.hf_overrides or {}), kv_cache_dtype=d.kv_cache_dtype,
         tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp, enforce_eager=d.enforce_eager,
         skip_tokenizer_init=True)
-    for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens"):
+    for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens",
+                "max_cudagraph_capture_size"):
         if getattr(d, key) is not None:
             args[key] = getattr(d, key)
     if d.num_speculative_tokens:
@@ -291,8 +292,9 @@ def engine_config(d: Deployment) -> Any:
         with quiet_vllm(), patched, _as_device(d):
             context = UsageContext[USAGE_CONTEXTS[d.usage_context]]
             vc = EngineArgs(**_engine_args(d)).create_engine_config(usage_context=context)
-            if _hybrid_prefix_caching_off(d, vc):  # the emulated release's default for hybrids
-                vc = EngineArgs(**_engine_args(d), enable_prefix_caching=False).create_engine_config(
+            wanted = _hybrid_prefix_caching(d, vc)
+            if wanted is not None:  # the emulated release's default for hybrids, where the installed vLLM's differs
+                vc = EngineArgs(**_engine_args(d), enable_prefix_caching=wanted).create_engine_config(
                     usage_context=context)
     except (KvauditError, MemoryError):
         raise
@@ -325,11 +327,13 @@ mode (PR #50991, ``EngineArgs._set_default_chunked_prefill_and_prefix_caching_ar
 without prefix caching unless asked (vllm-ascend up to v0.25 pins such a vLLM)."""
 
 
-def _hybrid_prefix_caching_off(d: Deployment, vc: Any) -> bool:
-    """Whether the emulated release leaves prefix caching off where the installed vLLM turned it on by default."""
-    release = d.vllm_version or vllm_version() or "0"
-    return (d.enable_prefix_caching is None and vc.model_config.is_hybrid and vc.cache_config.enable_prefix_caching
-            and version_key(release) < version_key(HYBRID_PREFIX_CACHING_FROM))
+def _hybrid_prefix_caching(d: Deployment, vc: Any) -> bool | None:
+    """The prefix-caching default of the emulated release for a hybrid model where it is not the installed vLLM's
+    (off before ``HYBRID_PREFIX_CACHING_FROM``, on from it); ``None`` where they agree or an option set it."""
+    if d.enable_prefix_caching is not None or not vc.model_config.is_hybrid:
+        return None
+    wanted = version_key(d.vllm_version or vllm_version() or "0") >= version_key(HYBRID_PREFIX_CACHING_FROM)
+    return wanted if bool(vc.cache_config.enable_prefix_caching) != wanted else None
 
 
 def model_for(d: Deployment) -> Any:
@@ -565,6 +569,7 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         mamba_cache_mode=o.get("mamba_cache_mode"), max_num_seqs=o.get("max_num_seqs"),
         num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides,
         max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
+        max_cudagraph_capture_size=o.get("max_cudagraph_capture_size"),
         usage_context=o.get("usage_context") or "serve")
 
 
@@ -593,6 +598,7 @@ def make_deployment(
     num_speculative_tokens: int = 0,
     hf_overrides: dict | None = None,
     max_num_batched_tokens: int | None = None,
+    max_cudagraph_capture_size: int | None = None,
     enforce_eager: bool = False,
     usage_context: str = "serve",
     vllm_release: str | None = None,
@@ -612,6 +618,7 @@ def make_deployment(
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
                    hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
+                   max_cudagraph_capture_size=max_cudagraph_capture_size,
                    enforce_eager=enforce_eager, usage_context=usage_context,
                    platform=DEVICES[device].platform if device in DEVICES else "cuda", vllm_version=vllm_release)
     if weights_bytes is not None and weights_bytes <= 0:
@@ -658,7 +665,8 @@ def _non_kv(d: Deployment, vc: Any, overhead_bytes: int | None) -> dict[str, Any
     if overhead_bytes is not None:
         terms: tuple[memory.Term, ...] = (memory.Term("overhead", overhead_bytes, "--overhead"),)
     else:
-        terms = memory.non_kv_terms(vc, d.platform, release, last_stage=d.pp_rank == d.pp - 1)
+        terms = memory.non_kv_terms(vc, d.platform, release, last_stage=d.pp_rank == d.pp - 1,
+                                    max_capture=d.max_cudagraph_capture_size)
     return {"overhead_terms": terms, "overhead_bytes": sum(t.bytes for t in terms if t.budgeted),
             "vllm_version": release}
 
@@ -676,9 +684,9 @@ def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
     batch = (f"vLLM {release}'s default for {SERVE_DEFAULTS[d.usage_context]} on a device of "
              f"{fmt_bytes(d.device_memory_bytes)}" + (f" ({dev.title})" if dev else "") + " (EngineArgs.get_batch_defaults)")
     model = f"vLLM {release}'s default for this model (EngineArgs.create_engine_config)"
-    if vc.model_config.is_hybrid and version_key(release or "0") < version_key(HYBRID_PREFIX_CACHING_FROM):
-        model = (f"vLLM {release}'s default for a hybrid model: prefix caching off before {HYBRID_PREFIX_CACHING_FROM} "
-                 "(PR #50991)")
+    if vc.model_config.is_hybrid:
+        model = (f"vLLM {release}'s default for a hybrid model: prefix caching off before {HYBRID_PREFIX_CACHING_FROM}, "
+                 "on from it (PR #50991)")
     out: dict[str, Any] = {key: value for key, value in got.items() if getattr(d, key) is None and value is not None}
     out["defaults"] = {key: batch if key.startswith("max_num") else model for key in out}
     return out

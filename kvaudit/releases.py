@@ -26,6 +26,7 @@ from kvaudit.results import KVPlan
 from kvaudit.runner_code import (Extracted, SourceTree, class_literals, extract_allocator, extract_method,
                                  installed_tree, run_extracted, stand_in)
 from kvaudit.strategy import KVBudget, RawTensors, Strategy
+from kvaudit.versions import version_key
 
 PACKAGE = "vllm-ascend"
 RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
@@ -41,16 +42,6 @@ def cache_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvaudit"
-
-
-def version_key(v: str) -> tuple:
-    """A sortable key for a release version: ``0.11.0rc2`` < ``0.11.0`` < ``0.11.0.post1`` < ``0.11.1``; what is
-    no version (a part of more than 18 digits, too) sorts first."""
-    m = re.match(r"^(\d{1,18})\.(\d{1,18})(?:\.(\d{1,18}))?(?:rc(\d{1,18}))?(?:\.post(\d{1,18}))?(?!\d)", v)
-    if not m:
-        return (0,)
-    major, minor, patch, rc, post = m.groups()
-    return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20, int(post or 0))
 
 
 ERAS = (

@@ -266,6 +266,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     for flag, value in (("--quantization", d.quantization), ("--block-size", d.block_size),
                         ("--enable-prefix-caching", d.enable_prefix_caching), ("--mamba-cache-mode", d.mamba_cache_mode),
                         ("--max-num-seqs", d.max_num_seqs), ("--max-num-batched-tokens", d.max_num_batched_tokens),
+                        ("--max-cudagraph-capture-size", d.max_cudagraph_capture_size),
                         ("--enforce-eager", True if d.enforce_eager else None),
                         ("--usage-context", d.usage_context if d.usage_context != "serve" else None),
                         ("--num-speculative-tokens", d.num_speculative_tokens or None), ("--hf-overrides", d.hf_overrides)):

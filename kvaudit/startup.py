@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.deployment import Deployment
-from kvaudit.releases import version_key
+from kvaudit.versions import version_key
 from kvaudit.results import KVPlan
 
 if TYPE_CHECKING:

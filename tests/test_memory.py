@@ -230,3 +230,10 @@ def test_a_plan_file_with_a_forged_term_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="not a non-KV term"):
         planfile.load(path)
+
+
+def test_max_cudagraph_capture_size_bounds_the_graphs():
+    full = _terms(deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9))["cuda_graphs"]
+    small = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, max_cudagraph_capture_size=64)
+    assert memory.capture_sizes(model_for(small).vllm_config, 64)[-1] == 64
+    assert _terms(small)["cuda_graphs"].bytes < full.bytes / 3 and "up to batch 64" in _terms(small)["cuda_graphs"].source
