@@ -254,15 +254,15 @@ class Deployment:
     platform: str = "ascend"
     """``cuda`` or ``ascend``: the device's platform, whose worker budgets the memory."""
     vllm_version: str | None = None
-    """The vLLM release whose budget formula and start-up lines are emulated (``--vllm-version``; unset: the
-    installed vLLM, or the one a vllm-ascend release pins); the installed vLLM plans either way."""
+    """The vLLM release whose budget formula, defaults and start-up lines are emulated (``--vllm-version``; unset:
+    the installed vLLM; for vllm-ascend, the vLLM its release pins); the installed vLLM plans either way."""
     overhead_terms: tuple[Term, ...] = field(default=(), hash=False)
     """``kvaudit.memory.Term`` s: peak activation, non-torch, CUDA graphs (or the one ``--overhead``)."""
 
     @property
     def unbudgeted_bytes(self) -> int:
         """Memory the rank uses beyond ``device memory × utilization``: terms the emulated release does not
-        subtract (CUDA graphs before vLLM 0.21)."""
+        subtract (CUDA graphs before vLLM 0.20)."""
         return sum(t.bytes for t in self.overhead_terms if not t.budgeted)
 
     @property

@@ -59,6 +59,9 @@ SAMPLER_COPIES = (("0.12.0", 3.5), ("0.17.0", 7.0), (None, 3.5))
 not in it, copies): top-k/top-p by FlashInfer or, from 0.17, vLLM's in-place Triton kernel (bf16 logits 0.5,
 their float32 copy 1, probabilities 1, the Gumbel noise 1: 3.5); 0.12-0.16 sort in PyTorch by default (values 1,
 int64 indices 2, masks and the scatter: 7). vLLM 0.11's image ships FlashInfer (3.5)."""
+GRAPH_ESTIMATE_LOGGED_FROM = "0.18.0"
+"""The first vLLM release that estimates the graphs' memory and logs it ("Estimated CUDA graph memory: X GiB
+total", PR #30515), subtracted or not."""
 GRAPH_ESTIMATE_FROM = "0.20.0"
 """The first vLLM release that subtracts its CUDA-graph estimate from the KV budget by default
 (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20.0; the estimate came with PR #30515 in

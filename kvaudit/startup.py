@@ -2,8 +2,8 @@
 
 A user diffs them against a real log. The wording and the definition of "KV cache size: N tokens" are each
 release's own (``vllm/v1/core/kv_cache_utils.py``, ``vllm/v1/worker/gpu_model_runner.py``,
-``vllm/v1/worker/gpu_worker.py``; vllm-ascend's ``worker_v1.py`` and ``model_runner_v1.py``); the era
-boundaries are ``LINE_ERAS``.
+``vllm/v1/worker/gpu_worker.py``; vllm-ascend's ``worker_v1.py`` and ``model_runner_v1.py``); each era's first
+release is one of the constants below.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.deployment import Deployment
-from kvaudit.versions import version_key
+from kvaudit.memory import GRAPH_ESTIMATE_LOGGED_FROM
 from kvaudit.results import KVPlan
+from kvaudit.versions import version_key
 
 if TYPE_CHECKING:
     from kvaudit.capacity import Capacity
@@ -84,7 +85,7 @@ def lines(d: Deployment, plan: KVPlan, cap: Capacity) -> list[str]:
         memory = " memory" if _at_least(release, LOADING_MEMORY_WORD_FROM) else ""
         out.append(f"Model loading took {_gib(d.weights_bytes, release, 4)} GiB{memory} and ... seconds")
         graphs = next((t for t in d.overhead_terms if t.key == "cuda_graphs"), None)
-        if graphs is not None and _at_least(release, "0.18.0"):
+        if graphs is not None and _at_least(release, GRAPH_ESTIMATE_LOGGED_FROM):
             out.append(f"Estimated CUDA graph memory: {graphs.bytes / (1 << 30):.2f} GiB total")
         out.append(f"Available KV cache memory: {_gib(d.kv_budget_bytes, release, 2)} GiB")
     one_line = _at_least(release, ONE_CAPACITY_LINE_FROM)
