@@ -49,10 +49,12 @@ def _gib(b: float, release: str, digits: int) -> str:
 
 
 def max_concurrency(plan: KVPlan, cap: Capacity, release: str) -> float:
-    """"Maximum concurrency for L tokens per request" as ``release`` computes it from vLLM's plan (the installed
-    vLLM's own figure where the plan's vLLM objects are not at hand, as in a saved plan)."""
+    """"Maximum concurrency for L tokens per request" as ``release`` computes it from vLLM's plan: the planning
+    vLLM's own figure (``capacity``) where its formula is the release's, or where the plan's vLLM objects are not
+    at hand (a saved plan); otherwise the release's formula, restated."""
     cfg, vc = plan.kv_cache_config, plan.vllm_config
-    if cfg is None or vc is None:
+    same = _at_least(release, PER_GROUP_CONCURRENCY_FROM) == _at_least(plan.vllm_version or "0", PER_GROUP_CONCURRENCY_FROM)
+    if same or cfg is None or vc is None:
         return cap.max_concurrency
     groups = [g.kv_cache_spec for g in cfg.kv_cache_groups]
     if _at_least(release, PER_GROUP_CONCURRENCY_FROM):
