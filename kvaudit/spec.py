@@ -102,7 +102,6 @@ def check_config(cfg: Mapping[str, Any], where: Any) -> Mapping[str, Any]:
         _check_sizes(c, where)
     _check_heads(tc, where)
     _check_layer_types(tc, layers, where)
-    _check_sliding_window(tc, tc.get("max_position_embeddings"), where)
     return tc
 
 
@@ -195,12 +194,3 @@ def _check_layer_types(tc: Mapping[str, Any], layers: int, path: Any) -> None:
         raise ConfigError(f"{path}: unknown layer_types entry {unknown[0]!r} (known: {', '.join(sorted(KNOWN_LAYER_TYPES))})")
     if len(kinds) < layers:
         raise ConfigError(f"{path}: 'layer_types' lists {len(kinds)} layers, the config has {layers}")
-
-
-def _check_sliding_window(tc: Mapping[str, Any], mpe: Any, path: Any) -> None:
-    window = tc.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or tc.get("use_sliding_window") is False:
-        return
-    if isinstance(mpe, int) and window > mpe:
-        raise ConfigError(f"{path}: sliding_window {window} exceeds max_position_embeddings {mpe}; "
-                          "the config is inconsistent")

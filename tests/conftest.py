@@ -77,7 +77,8 @@ def plan_for(d, platform: str):
     from kvaudit.plan import build_plan
 
     key = (d.model.name, d.tp, d.pp, d.pp_rank, d.max_model_len, d.kv_budget_bytes, d.num_blocks_override,
-           d.max_num_seqs, d.max_num_batched_tokens, d.device, d.vllm_version, d.enable_prefix_caching, platform)
+           d.max_num_seqs, d.max_num_batched_tokens, d.device, d.vllm_version, d.enable_prefix_caching,
+           str(d.hf_overrides), platform)
     if key not in _PLANS:
         _PLANS[key] = build_plan(d, platform)
     return _PLANS[key]

@@ -128,3 +128,12 @@ def test_every_pipeline_stage_gets_the_smallest_stages_num_blocks():
     page = {s.pp_rank: sum(g.page_size_bytes * len(g.layer_names) for g in p.groups) for s, p in zip(stages, plans)}
     alone = {s.pp_rank: s.kv_budget_bytes // page[s.pp_rank] for s in stages}
     assert len(set(alone.values())) > 1 and plans[0].num_blocks == min(alone.values())
+
+
+def test_a_model_wide_sliding_window_is_planned_as_one():
+    """A config with ``sliding_window`` and no ``layer_types`` (Mistral-7B, StarCoder2): vLLM's engine config hands
+    ``ModelConfig.get_sliding_window()`` to the cache config, and every attention layer slides."""
+    d = deployment("llama-3.1-8b", device="h100-80g", max_model_len=8192, hf_overrides={"sliding_window": 4096})
+    plan = plan_for(d, "cuda")
+    assert {g.spec_type for g in plan.groups} == {"SlidingWindowSpec"}
+    assert sum(len(g.layer_names) for g in plan.groups) == 32
