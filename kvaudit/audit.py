@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from kvaudit.accounting import Attribution, StorageRecorder, attribute
 from kvaudit.deployment import Deployment
-from kvaudit.errors import KvauditError, MeterUnavailable, NotAuditable, StrategyFailed
+from kvaudit.errors import ConfigError, KvauditError, MeterUnavailable, NotAuditable, StrategyFailed
 from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
 from kvaudit.results import (DEFAULT_TOLERANCE, AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading,
@@ -280,8 +280,9 @@ def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
               plan_for: Callable[[Strategy], KVPlan] | None = None) -> list[AuditResult]:
     """Plan once per platform rule and worker budget rule with vLLM's planner (or take each strategy's plan
     from ``plan_for``: a saved plan), then audit every strategy in turn. A strategy that cannot allocate the
-    plan at all (``NotAuditable``) is listed in ``skipped`` with its reason when a list is given, else it
-    stops the run."""
+    plan at all (``NotAuditable``), whose own code raises (``StrategyFailed``) or whose platform rule vLLM's planner
+    refuses is listed in ``skipped`` with its reason when a list is given, so that the others are still audited;
+    without a list it stops the run, as it does when every strategy's plan is refused."""
     plans: dict[tuple[str, str], KVPlan] = {}
 
     def planned(s: Strategy) -> KVPlan:
@@ -293,11 +294,27 @@ def audit_all(deployment: Deployment, strategies: list[Strategy], meter: Meter,
         return plans[key]
 
     results = []
+    refused: list[ConfigError] = []
     for s in strategies:
         try:
-            results.append(run_audit(deployment, (plan_for or planned)(s), s, meter, tolerance))
-        except NotAuditable as e:
+            plan = (plan_for or planned)(s)
+        except ConfigError as e:  # vLLM's planner refuses this strategy's platform rule or budget rule
+            if skipped is None:
+                raise
+            refused.append(e)
+            skipped.append((s.name, e.message))
+            continue
+        except (NotAuditable, StrategyFailed) as e:
             if skipped is None:
                 raise
             skipped.append((s.name, e.message))
+            continue
+        try:
+            results.append(run_audit(deployment, plan, s, meter, tolerance))
+        except (NotAuditable, StrategyFailed) as e:
+            if skipped is None:
+                raise
+            skipped.append((s.name, e.message))
+    if refused and len(refused) == len(strategies):
+        raise refused[0]  # the deployment itself, not one strategy: bad input
     return results

@@ -131,16 +131,17 @@ def for_report(d: Deployment, results: list[Any],
     return caps, safe
 
 
-def plan_stage(d: Deployment, strategies: list[Any]) -> PlanStage:
+def plan_stage(d: Deployment, strategies: list[Any], broken: list[tuple[str, str]] | None = None) -> PlanStage:
     """``kvaudit plan`` for one deployment rank: vLLM's plan per platform rule, its capacity, and per
-    strategy the highest safe utilization; a strategy vLLM cannot plan is listed with the reason."""
-    from kvaudit.errors import NotAuditable
+    strategy the highest safe utilization; a strategy vLLM cannot plan, or whose code fails (``broken``: those
+    that could not even be loaded), is listed with the reason."""
+    from kvaudit.errors import NotAuditable, StrategyFailed
     from kvaudit.plan import plan_for
 
     plans: dict[str, KVPlan] = {}
     planned: dict[str, str] = {}
     safe: dict[str, float | None] = {}
-    refused: dict[str, str] = {}
+    refused: dict[str, str] = dict(broken or [])
     for s in strategies:
         try:
             plan = plan_for(d, s)
@@ -148,7 +149,7 @@ def plan_stage(d: Deployment, strategies: list[Any]) -> PlanStage:
             planned[s.name] = plan.name
             if d.kv_cache_memory_bytes is None and d.num_blocks_override is None:
                 safe[s.name] = highest_safe_utilization(d, s)
-        except NotAuditable as e:
+        except (NotAuditable, StrategyFailed) as e:
             refused[s.name] = e.message
     return PlanStage(deployment=d, plans=plans, capacity={k: capacity(v) for k, v in plans.items()},
                      strategies=planned, safe_utilization=safe, refused=refused)

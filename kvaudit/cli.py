@@ -117,11 +117,11 @@ def audit_command(a: Any) -> int:
     from kvaudit.meters import select_meter
     from kvaudit.plan import vllm_version
     from kvaudit.results import Report
-    from kvaudit.resolve import resolve_strategy
+    from kvaudit.resolve import resolve_strategies
     from kvaudit.strategies import STRATEGIES
 
     spec, p = _model(a)
-    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
     for s in strategies:
         if s.note:
             _note(f"kvaudit: {s.note}")
@@ -131,7 +131,7 @@ def audit_command(a: Any) -> int:
           f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
     reports = []
     for dep in stages:
-        skipped: list[tuple[str, str]] = []
+        skipped: list[tuple[str, str]] = list(broken)
         audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
         caps, safe = for_report(dep, list(audits), strategies)
         reports.append(Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
@@ -156,10 +156,10 @@ def _saved_plan_audit(a: Any) -> int:
     from kvaudit import audit as core
     from kvaudit.meters import select_meter
     from kvaudit.results import Report
-    from kvaudit.resolve import resolve_strategy
+    from kvaudit.resolve import resolve_strategies
     from kvaudit.strategies import STRATEGIES
 
-    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
     for s in strategies:
         if s.note:
             _note(f"kvaudit: {s.note}")
@@ -172,7 +172,7 @@ def _saved_plan_audit(a: Any) -> int:
           f"(planned by vLLM {saved.vllm_version})")
     reports = []
     for st in stages:
-        skipped: list[tuple[str, str]] = []
+        skipped: list[tuple[str, str]] = list(broken)
         audits = tuple(core.audit_all(st.deployment, strategies, meter, a.tolerance, skipped,
                                       plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)))
         caps = {r.plan.name: st.capacity[r.plan.name] for r in audits}
@@ -212,13 +212,13 @@ def plan_command(a: Any) -> int:
     from kvaudit import report
     from kvaudit.capacity import plan_stage
     from kvaudit.plan import vllm_version
-    from kvaudit.resolve import resolve_strategy
+    from kvaudit.resolve import resolve_strategies
     from kvaudit.strategies import STRATEGIES
 
     _check_outputs(a.save)
     spec, p = _model(a)
-    strategies = [resolve_strategy(s) for s in (a.strategy or list(STRATEGIES))]
-    stages = [plan_stage(_deployment(a, spec, p, rank), strategies) for rank in _pp_ranks(a)]
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+    stages = [plan_stage(_deployment(a, spec, p, rank), strategies, broken) for rank in _pp_ranks(a)]
     if a.save:
         from kvaudit.planfile import save
 

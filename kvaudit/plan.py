@@ -134,9 +134,15 @@ def _mamba_page(base: dict[str, Any]) -> int:
     return max(dataclasses.replace(s, page_size_padded=None).page_size_bytes for s in _mamba_specs(base))
 
 
+def _hybrid(base: dict[str, Any]) -> bool:
+    """Attention and Mamba-style layers both: the models whose block size vLLM aligns (``is_hybrid``); an
+    attention-free model (Mamba-1, Mamba2) keeps vLLM's own Mamba block size."""
+    return bool(_mamba_specs(base)) and bool(_attention_specs(base))
+
+
 def _cuda_rule(v: _Vllm, vc: Any, d: Deployment, base: dict[str, Any]) -> None:
-    """Upstream vLLM on CUDA with FlashAttention: vLLM's own ``_align_hybrid_block_size``."""
-    if _mamba_specs(base):
+    """Upstream vLLM on CUDA with FlashAttention: vLLM's own ``_align_hybrid_block_size``, for hybrids."""
+    if _hybrid(base):
         v.platform_iface.Platform._align_hybrid_block_size(vc, v.flash_attn.FlashAttentionBackend)
 
 
@@ -151,6 +157,8 @@ def _ascend_align(vc: Any, d: Deployment, base: dict[str, Any], align: int) -> N
     cc = vc.cache_config
     if not _mamba_specs(base):
         cc.block_size = d.block_size or 128  # NPUPlatform.check_and_update_config when block_size is unset
+        return
+    if not _hybrid(base):
         return
     attn_1 = _attn_page_1_token(base)
     mamba_page = _mamba_page(base)
@@ -169,6 +177,8 @@ def _ascend_contiguous_rule(v: _Vllm, vc: Any, d: Deployment, base: dict[str, An
     mamba = _mamba_specs(base)
     if not mamba:
         cc.block_size = d.block_size or 128
+        return
+    if not _hybrid(base):
         return
     kernel = 128
     k_tok = _attn_page_1_token(base) // 2

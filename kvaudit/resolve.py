@@ -4,11 +4,30 @@
 from __future__ import annotations
 
 from kvaudit import plugins
-from kvaudit.errors import UsageError
+from kvaudit.errors import KvauditError, MissingDependency, NotAuditable, StrategyFailed, UsageError
 from kvaudit.installed import installed_strategy
 from kvaudit.releases import checkout_strategy, release_strategy
 from kvaudit.strategies import STRATEGIES
 from kvaudit.strategy import Strategy
+
+
+def resolve_strategies(names: list[str]) -> tuple[list[Strategy], list[tuple[str, str]]]:
+    """Each named strategy on its own: those that resolve, and ``(name, reason)`` for each whose code cannot be had
+    or loaded (a release that cannot be fetched, a plugin that raises on import: not audited, exit 3), so that
+    one broken strategy does not stop the others. An unknown name is still a usage error (exit 2); when none
+    resolves, the first one's error stands."""
+    got: list[Strategy] = []
+    broken: list[tuple[str, str]] = []
+    first: KvauditError | None = None
+    for name in names:
+        try:
+            got.append(resolve_strategy(name))
+        except (StrategyFailed, NotAuditable, MissingDependency) as e:
+            broken.append((name, e.message))
+            first = first or e
+    if not got and first is not None:
+        raise first
+    return got, broken
 
 
 def resolve_strategy(name: str) -> Strategy:

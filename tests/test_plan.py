@@ -137,3 +137,26 @@ def test_a_model_wide_sliding_window_is_planned_as_one():
     plan = plan_for(d, "cuda")
     assert {g.spec_type for g in plan.groups} == {"SlidingWindowSpec"}
     assert sum(len(g.layer_names) for g in plan.groups) == 32
+
+
+MAMBA_130M = {  # state-spaces/mamba-130m-hf's sizes (its config.json on the Hub, as vendored in public test files)
+    "architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24,
+    "state_size": 16, "conv_kernel": 4, "expand": 2, "intermediate_size": 1536, "time_step_rank": 48,
+    "vocab_size": 50280, "layer_norm_epsilon": 1e-05, "use_bias": False, "use_conv_bias": True,
+    "residual_in_fp32": True, "tie_word_embeddings": True, "torch_dtype": "float32"}
+
+
+@pytest.mark.parametrize("platform", ["cuda", "ascend-align128", "ascend-contiguous"])
+def test_an_attention_free_model_keeps_vllms_mamba_block_size(tmp_path, platform):
+    """No attention layer, so nothing to align the state page to: vLLM aligns only hybrids (``is_hybrid``); the
+    hybrid rule on a Mamba-1 model divided by a zero attention page."""
+    import json
+
+    from kvaudit.plan import make_deployment
+    from kvaudit.spec import load_model_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(MAMBA_130M))
+    d = make_deployment(load_model_spec(tmp_path), tp=1, gpu_memory_utilization=0.9, max_model_len=2048,
+                        device="h100-80g", overhead_bytes=2 << 30)
+    plan = plan_for(d, platform)
+    assert [g.spec_type for g in plan.groups] == ["MambaSpec"] and len(plan.groups[0].layer_names) == 24

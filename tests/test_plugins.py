@@ -103,3 +103,33 @@ def test_installed_with_no_allocator_is_exit_3(monkeypatch):
     with pytest.raises(StrategyFailed, match="no KV-cache allocator is installed") as e:
         resolve_strategy("installed")
     assert e.value.exit_code == 3
+
+
+def test_one_broken_strategy_does_not_stop_the_others(plugin_path, capsys):
+    """A plugin that raises on import (and one whose signature kvaudit cannot call) is listed as not audited with
+    its reason; the built-in beside it is audited; the exit code is 3 (not everything could be measured)."""
+    import json
+
+    code = main(["llama-3.1-8b", "--format", "json", "-s", "test-broken", "-s", "vllm",
+                 "-s", "kvaudit_testplugin:unknown_signature"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3 and out["exit_code"] == 3
+    assert [r["strategy"] for r in out["audits"]] == ["vllm"] and out["audits"][0]["verdict"] == "PASS"
+    reasons = {s["strategy"]: s["reason"] for s in out["skipped"]}
+    assert set(reasons) == {"test-broken", "kvaudit_testplugin:unknown_signature"}
+    assert "raised RuntimeError" in reasons["test-broken"]
+
+
+def test_a_strategy_that_fails_while_allocating_is_not_audited_alone(plugin_path, capsys):
+    from kvaudit.audit import audit_all
+    from kvaudit.strategies import STRATEGIES
+    from kvaudit.strategy import Strategy
+
+    def explodes(plan, device, kv_transfer):
+        raise RuntimeError("boom")
+
+    bad = Strategy(name="explodes", title="explodes", platform="cuda", releases="a test", allocate=explodes)
+    skipped: list = []
+    results = audit_all(deployment("llama-3.1-8b"), [bad, STRATEGIES["vllm"]], MetaMeter(), skipped=skipped)
+    assert [r.strategy for r in results] == ["vllm"]
+    assert skipped == [("explodes", "strategy 'explodes' raised RuntimeError: boom")]
