@@ -310,7 +310,8 @@ USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
 """``--usage-context``: whose defaults vLLM gives what the options leave unset, by vLLM's ``UsageContext`` names:
 ``vllm serve`` (the OpenAI-compatible server) or the ``LLM`` class (vLLM's ``EngineArgs.get_batch_defaults``)."""
 SERVE_DEFAULTS = {"serve": "vllm serve", "llm": "the LLM class"}
-PLATFORMS = ("cuda", "ascend")
+DEVICE_PLATFORMS = ("cuda", "ascend")
+"""Whose worker budgets a device's memory (``kvaudit.plan.PLATFORMS`` are the block-size rules, not these)."""
 """How the report names each usage context."""
 
 
@@ -340,8 +341,8 @@ def check_deployment(d: Deployment) -> None:
         raise UsageError(f"unknown --kv-cache-dtype {d.kv_cache_dtype!r} (use {', '.join(KV_CACHE_DTYPES)})")
     if d.usage_context not in USAGE_CONTEXTS:
         raise UsageError(f"unknown --usage-context {d.usage_context!r} (use {', '.join(USAGE_CONTEXTS)})")
-    if d.platform not in PLATFORMS:
-        raise UsageError(f"unknown platform {d.platform!r} (use {', '.join(PLATFORMS)})")
+    if d.platform not in DEVICE_PLATFORMS:
+        raise UsageError(f"unknown platform {d.platform!r} (use {', '.join(DEVICE_PLATFORMS)})")
     if d.vllm_version is not None and not re.fullmatch(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?\S{0,40}", d.vllm_version):
         raise UsageError(f"--vllm-version {d.vllm_version!r} is not a vLLM release (e.g. 0.11.0)")
     if d.mamba_cache_mode is not None and d.mamba_cache_mode not in MAMBA_CACHE_MODES:

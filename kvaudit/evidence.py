@@ -270,16 +270,21 @@ _MODEL_MENTION = re.compile(r"(?<![\w/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
 _PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
                           r"`?(?P<v>[\w./-]*[A-Za-z][\w./-]*)", re.IGNORECASE)
+def _gib(m: re.Match) -> int:
+    """A ``v`` group printed in GiB, in bytes."""
+    return round(float(m["v"]) * GiB)
+
+
 _SIMPLE = [
-    ("available_kv", re.compile(rf"Available KV cache memory: (?P<v>{_NUM}) GiB"), lambda m: round(float(m["v"]) * GiB)),
+    ("available_kv", re.compile(rf"Available KV cache memory: (?P<v>{_NUM}) GiB"), _gib),
     ("available_kv", re.compile(rf"the rest of the memory reserved for KV Cache is (?P<v>{_NUM}) ?GiB"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("weights", re.compile(rf"(?:Model loading|Loading model weights) took (?P<v>{_NUM}) ?(?:GiB|GB)"),
-     lambda m: round(float(m["v"]) * GiB)),
-    ("weights", re.compile(rf"model weights take (?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
-    ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), lambda m: round(float(m["v"]) * GiB)),
+     _gib),
+    ("weights", re.compile(rf"model weights take (?P<v>{_NUM}) ?GiB"), _gib),
+    ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), _gib),
     ("kv_cache_tokens", re.compile(r"(?:GPU|NPU|XPU|CPU)(?: \+ host)? KV cache size: (?P<v>[\d,]{1,24}) tokens"),
      lambda m: int(m["v"].replace(",", ""))),
     ("gpu_blocks", re.compile(r"# (?:GPU|NPU|gpu|npu) blocks: (?P<v>\d{1,18})"), lambda m: int(m["v"])),
@@ -288,20 +293,20 @@ _SIMPLE = [
     # the profile's own breakdown: vLLM's "Free memory on device ... Actual usage is W GiB for weight, P GiB for peak
     # activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory" (gpu_worker.py, 0.11-0.2x; 0.3x: "W GiB
     # for consumed memory (weights + non-torch)"), vllm-ascend's "Actual usage: W GiB for weights, ...", the graph lines
-    ("profiled_weights", re.compile(rf"Actual usage(?: is|:) (?P<v>{_NUM}) GiB for weights?\b"), lambda m: round(float(m["v"]) * GiB)),
+    ("profiled_weights", re.compile(rf"Actual usage(?: is|:) (?P<v>{_NUM}) GiB for weights?\b"), _gib),
     ("profiled_consumed", re.compile(rf"Actual usage(?: is|:) (?P<v>{_NUM}) GiB for consumed memory"),
-     lambda m: round(float(m["v"]) * GiB)),
-    ("peak_activation", re.compile(rf"(?P<v>{_NUM}) GiB for peak activation"), lambda m: round(float(m["v"]) * GiB)),
-    ("non_torch", re.compile(rf"(?P<v>{_NUM}) GiB for non-torch memory"), lambda m: round(float(m["v"]) * GiB)),
-    ("cudagraph_memory", re.compile(rf"(?P<v>{_NUM}) GiB for CUDAGraph memory"), lambda m: round(float(m["v"]) * GiB)),
+     _gib),
+    ("peak_activation", re.compile(rf"(?P<v>{_NUM}) GiB for peak activation"), _gib),
+    ("non_torch", re.compile(rf"(?P<v>{_NUM}) GiB for non-torch memory"), _gib),
+    ("cudagraph_memory", re.compile(rf"(?P<v>{_NUM}) GiB for CUDAGraph memory"), _gib),
     ("cudagraph_memory", re.compile(rf"CUDA graph pool memory: (?P<v>{_NUM}) GiB \(actual\)"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("cudagraph_estimate", re.compile(rf"CUDA graph pool memory: {_NUM} GiB \(actual\), (?P<v>{_NUM}) GiB \(estimated\)"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("cudagraph_estimate", re.compile(rf"Estimated CUDA graph memory: (?P<v>{_NUM}) GiB total"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("graph_capture", re.compile(rf"Graph capturing finished in {_NUM} secs?, took (?P<v>{_NUM}) GiB"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("block_size", re.compile(r"Setting attention block size to (?P<v>\d{1,18}) tokens"), lambda m: int(m["v"])),
     ("max_model_len", re.compile(r"Using max model len (?P<v>\d{1,18})"), lambda m: int(m["v"])),
     ("gpu_memory_utilization", re.compile(rf"Desired GPU memory utilization is \((?P<v>{_NUM}),"),
@@ -316,9 +321,9 @@ _SIMPLE = [
     ("kv_capacity_error", re.compile(r"No available memory for the cache blocks|To serve at least one request with the "
                                      r"models?'s max seq len|is larger than the maximum number of tokens that can be "
                                      r"stored in KV cache|Insufficient memory for KV cache"), lambda m: m.group(0)),
-    ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), lambda m: round(float(m["v"]) * GiB)),
+    ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), _gib),
     ("available_kv", re.compile(rf"larger than the available KV cache memory \((?P<v>{_NUM}) Gi?B\)"),
-     lambda m: round(float(m["v"]) * GiB)),
+     _gib),
     ("estimated_max_model_len", re.compile(r"the estimated maximum model length is (?P<v>\d{1,18})"), lambda m: int(m["v"])),
     ("max_model_len", re.compile(r"max seq len \((?P<v>\d{1,18})\)"), lambda m: int(m["v"])),
     ("kv_cache_tokens", re.compile(r"maximum number of tokens that can be stored in KV cache \((?P<v>\d{1,18})\)"),
@@ -392,7 +397,7 @@ _PROSE_FACTS = [
                               re.IGNORECASE), lambda m: float(m["v"])),
     ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
                                  r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
-                                 r"(?:GB|GiB|G)\b", re.IGNORECASE), lambda m: round(float(m["v"]) * GiB)),
+                                 r"(?:GB|GiB|G)\b", re.IGNORECASE), _gib),
     ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never) (?:release|free)s?\b[^.\n]{0,30}?"
                                 r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放", re.IGNORECASE), lambda m: m.group(0)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
