@@ -72,8 +72,14 @@ HTML = Opt("html", Optional[str], None, ("--html",),
            "Also write the report as an HTML page: expected vs allocated bars per strategy and group, the tables.",
            OUTPUT)
 SVG = Opt("svg", Optional[str], None, ("--svg",), "Also write the report as one SVG image (bars and tables).", OUTPUT)
-CONFIG = Opt("config", Optional[str], None, ("--config",), "A config.json, or a model directory holding one.", MODEL)
+CONFIG = Opt("config", Optional[str], None, ("--model", "--config"),
+             "The model as vLLM takes it: a Hub id (org/name), a model folder, or a config.json.", MODEL)
 PRESET = Opt("preset", Optional[str], None, ("--preset",), f"A shipped model: {', '.join(PRESETS)}.", MODEL)
+REVISION = Opt("revision", Optional[str], None, ("--revision",),
+               "The Hub revision of --model: a branch, tag or commit (vLLM's --revision).", MODEL)
+TRUST_REMOTE_CODE = Opt("trust_remote_code", bool, False, ("--trust-remote-code",),
+                        "Let the model folder's own config code run (vLLM's flag; nothing runs without it).", MODEL)
+MODEL_OPTIONS = (CONFIG, PRESET, REVISION, TRUST_REMOTE_CODE)
 
 AUDIT_OPTIONS = (*DEPLOYMENT_OPTIONS, STRATEGY, METER, DEVICE_INDEX, TOLERANCE, FORMAT, DETAIL, HTML, SVG)
 
@@ -187,7 +193,7 @@ def _saved_plan_audit(a: Any) -> int:
 
 def _deployment_options_given(a: Any) -> str | None:
     """The first model or deployment option given with ``--plan`` (a saved plan fixes them all)."""
-    for o in (CONFIG, PRESET, *DEPLOYMENT_OPTIONS):
+    for o in (*MODEL_OPTIONS, *DEPLOYMENT_OPTIONS):
         if o.name not in ("vllm_python", "pp_rank") and getattr(a, o.name, o.default) != o.default:
             return o.decls[0].split("/")[0]
     return None
@@ -197,7 +203,7 @@ def _model(a: Any) -> tuple[Any, Any]:
     """The model spec and preset the options name."""
     from kvaudit.deployment import load_model
 
-    return load_model(a.preset, a.config)
+    return load_model(a.preset, a.config, getattr(a, "revision", None), getattr(a, "trust_remote_code", False))
 
 
 def _pp_ranks(a: Any) -> list[int]:
@@ -467,18 +473,18 @@ def build_app() -> typer.Typer:
     plan_file = Opt("plan", Optional[str], None, ("--plan",),
                     "Audit a plan saved by 'kvaudit plan --save' instead of planning: needs only torch, not vLLM "
                     "(plan on one machine, measure on another).", MODEL)
-    _command(app, "audit", audit_command, (CONFIG, PRESET, plan_file, *AUDIT_OPTIONS),
-             "Audit a config.json (--config) or a preset (--preset).",
+    _command(app, "audit", audit_command, (*MODEL_OPTIONS, plan_file, *AUDIT_OPTIONS),
+             "Audit a model (--model: a Hub id, a folder, a config.json) or a preset (--preset).",
              description="Audit the KV-cache allocation of a model config under each strategy.")
     for name, preset in PRESETS.items():
         _command(app, name, audit_command, AUDIT_OPTIONS, f"{preset.title} ({preset.description}).", panel="Presets",
-                 fixed={"preset": name, "config": None, "plan": None},
+                 fixed={"preset": name, "config": None, "plan": None, "revision": None, "trust_remote_code": False},
                  description=f"Audit {preset.title}: TP {preset.tp}, max-model-len {preset.max_model_len}, "
                              f"{preset.device}, unless options say otherwise.")
     save = Opt("save", Optional[str], None, ("--save",),
                "Also write the plans as data (deployment, groups, specs, tensors and their layers, num_blocks, "
                "capacity, the vLLM that planned) for 'kvaudit audit --plan'.", OUTPUT)
-    _command(app, "plan", plan_command, (CONFIG, PRESET, save, *AUDIT_OPTIONS[:-2]),
+    _command(app, "plan", plan_command, (*MODEL_OPTIONS, save, *AUDIT_OPTIONS[:-2]),
              "Plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util.",
              description="Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and concurrency "
                          "as vLLM computes and logs them, Mamba slots against max_num_seqs, the --kv-cache-memory "
@@ -514,7 +520,8 @@ def build_app() -> typer.Typer:
                     "the deployment, audit the reported release's allocator and the fixed one, and write a report "
                     "to paste into the issue.")
     _command(app, "history", history_command, (
-        Opt("model", str, ..., (), f"A shipped model ({', '.join(PRESETS)}) or a config.json path.", argument=True),
+        Opt("model", str, ..., (), f"A shipped model ({', '.join(PRESETS)}), a Hub id, a model folder or a "
+            "config.json.", argument=True), REVISION, TRUST_REMOTE_CODE,
         Opt("since", Optional[str], None, ("--since",), "The first release to audit (default: every published one)."),
         *DEPLOYMENT_OPTIONS, FORMAT),
         "Audit every published vllm-ascend release's own code on one model: where it changed.",
@@ -709,11 +716,27 @@ def _main(argv: list[str], debug: bool) -> int:
     if not argv and "_KVAUDIT_COMPLETE" not in os.environ:  # (shell completion runs with no arguments)
         _print_help_to_stderr()
         return EXIT_BAD_INPUT
+    return _invoke(_with_model_named(argv))
+
+
+def _with_model_named(argv: list[str]) -> list[str]:
+    """The command line with a model named as vLLM takes one (``vllm serve MODEL``) made explicit:
+    ``kvaudit MODEL ...`` audits it, and ``kvaudit audit|plan MODEL ...`` takes it as ``--model`` (``--preset``
+    for a shipped preset's name). MODEL is a Hub id (org/name), a model folder or a config.json."""
+    from kvaudit.hub import is_hub_id
+
+    def named(word: str) -> bool:
+        return not word.startswith("-") and (is_hub_id(word) or os.path.exists(os.path.expanduser(word)))
+
     first = argv[0] if argv else "-"
-    if not first.startswith("-") and first not in (*COMMANDS, *PRESETS):
-        raise UsageError(f"unknown preset or command {first!r} (presets: {', '.join(PRESETS)}; "
-                         f"commands: {', '.join(COMMANDS)})")
-    return _invoke(argv)
+    if first.startswith("-") or first in (*COMMANDS, *PRESETS):
+        if first in ("audit", "plan") and len(argv) > 1 and (argv[1] in PRESETS or named(argv[1])):
+            return [first, "--preset" if argv[1] in PRESETS else "--model", *argv[1:]]
+        return argv
+    if named(first):
+        return ["audit", "--model", *argv]
+    raise UsageError(f"unknown preset or command {first!r}, and no such file (presets: {', '.join(PRESETS)}; "
+                     f"commands: {', '.join(COMMANDS)}; or a Hub id org/name, a model folder, a config.json)")
 
 
 def run() -> None:

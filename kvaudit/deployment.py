@@ -196,12 +196,24 @@ def load_preset_spec(preset: Preset) -> ModelSpec:
     return load_model_spec(fixtures_dir() / preset.config, name=preset.title)
 
 
-def load_model(preset: str | None, config: str | None) -> tuple[ModelSpec, Preset | None]:
-    """The model spec of a preset or a config path (exactly one), and the preset if one was named."""
+def load_model(preset: str | None, config: str | None, revision: str | None = None,
+               trust_remote_code: bool = False) -> tuple[ModelSpec, Preset | None]:
+    """The model spec of a preset or of a model as vLLM takes one (a Hub id at ``revision``, a model folder, a
+    config.json: ``kvaudit.hub.locate``), exactly one of the two, and the preset if one was named."""
+    from kvaudit.hub import is_hub_id, locate
+
     if (config is None) == (preset is None):
-        raise UsageError("give exactly one of --config PATH or --preset NAME (or run kvaudit PRESET)")
+        raise UsageError("give exactly one of --model (a Hub id, a model folder or a config.json) or --preset NAME "
+                         "(or run kvaudit MODEL)")
     p = get_preset(preset) if preset else None
-    return (load_preset_spec(p) if p else load_model_spec(config)), p
+    if p:
+        if revision is not None:
+            raise UsageError(f"--revision names a Hub revision; {preset} is a shipped preset")
+        return load_preset_spec(p), p
+    path = locate(config, revision, trust_remote_code)
+    hub = is_hub_id(config) and not Path(config).expanduser().exists()
+    name = (config + (f"@{revision}" if revision else "")) if hub else None
+    return load_model_spec(path, name=name, trust_remote_code=trust_remote_code), None
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def remove_temp_dirs() -> None:
 def _build_key(d: Deployment) -> str:
     from kvaudit.vllm_model import cache_key
 
-    return cache_key(str(d.model.config_path), d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
+    return cache_key(str(d.model.config_path), d.model.trust_remote_code, d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
@@ -276,7 +276,7 @@ def _engine_args(d: Deployment) -> dict[str, Any]:
         model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype, max_model_len=d.max_model_len,
         quantization=d.quantization, hf_overrides=dict(d.hf_overrides or {}), kv_cache_dtype=d.kv_cache_dtype,
         tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp, enforce_eager=d.enforce_eager,
-        skip_tokenizer_init=True)
+        skip_tokenizer_init=True, trust_remote_code=d.model.trust_remote_code)
     for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens",
                 "max_cudagraph_capture_size"):
         if getattr(d, key) is not None:
@@ -310,11 +310,37 @@ def engine_config(d: Deployment) -> Any:
         raise
     except Exception as e:  # vLLM's and transformers' config code on the user's config: pydantic's and
         # huggingface_hub's validation errors, ValueError, and what their arithmetic raises on odd values
+        removed = _removed(d)
+        if removed:
+            raise ConfigError(removed) from None
+        if not d.model.trust_remote_code and ("custom code" in str(e) or "trust_remote_code" in str(e)):
+            auto = (d.model.raw.get("auto_map") or {}).get("AutoConfig")
+            raise ConfigError(f"{d.model.name}'s config is code in its folder" + (f" ({auto})" if auto else "")
+                              + ", which vLLM runs only with --trust-remote-code: give it if you trust that code") from None
         raise ConfigError(f"vLLM rejected {d.model.config_path} for this deployment: {_why(e)}") from None
     # With no accelerator vLLM's UnspecifiedPlatform turns the hybrid KV-cache manager off; every
     # platform kvaudit audits (CUDA, Ascend) keeps it on.
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
     return vc
+
+
+def _removed(d: Deployment) -> str:
+    """Where vLLM refused an architecture it no longer serves natively, the message that says so, as
+    vLLM's registry records it (``_PREVIOUSLY_SUPPORTED_MODELS``: the last release that served it;
+    ``_OOT_SUPPORTED_MODELS``: the plugin that serves it now); else nothing. Said after vLLM refused, not before:
+    vLLM may still serve such a model through its Transformers backend."""
+    registry = importlib.import_module("vllm.model_executor.models.registry")
+    archs = [a for a in d.model.raw.get("architectures") or () if isinstance(a, str)]
+    if not archs or any(a in registry.ModelRegistry.get_supported_archs() for a in archs):
+        return ""
+    last = getattr(registry, "_PREVIOUSLY_SUPPORTED_MODELS", {}).get(archs[0])
+    if last:
+        return (f"vLLM {vllm_version()} no longer serves {archs[0]}; vLLM {last} was the last release to serve it "
+                "(plan with that vLLM: --vllm-python)")
+    plugin = getattr(registry, "_OOT_SUPPORTED_MODELS", {}).get(archs[0])
+    if plugin:
+        return f"vLLM {vllm_version()} serves {archs[0]} only through a plugin ({plugin}): plan where it is installed"
+    return ""
 
 
 MARLIN_MXFP4_BEFORE = "0.12.0"

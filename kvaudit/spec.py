@@ -40,6 +40,8 @@ class ModelSpec:
     """The config as read."""
     text: Mapping[str, Any] = field(repr=False, compare=False)
     """The language model's config (``text_config`` inside a multimodal wrapper, else ``raw``)."""
+    trust_remote_code: bool = False
+    """vLLM's ``--trust-remote-code``: whether the folder's own config and model code may run."""
 
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse what no PP split of this model can be (``make_deployment`` has checked both are at
@@ -49,8 +51,9 @@ class ModelSpec:
                              "a pipeline stage would hold no layer")
 
 
-def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
-    """Read ``config.json`` (or a model directory holding one) into a checked ``ModelSpec``."""
+def load_model_spec(path: str | Path, name: str | None = None, trust_remote_code: bool = False) -> ModelSpec:
+    """Read ``config.json`` (or a model directory holding one) into a checked ``ModelSpec``; no code of the
+    folder runs here (vLLM runs it later, and only with ``trust_remote_code``)."""
     from kvaudit.jsonfile import read_json
 
     p = Path(path).expanduser()
@@ -81,7 +84,7 @@ def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or tc.get("torch_dtype") or tc.get("dtype") or "auto"),
         num_hidden_layers=tc["num_hidden_layers"], max_position_embeddings=mpe if isinstance(mpe, int) else None,
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) and quant.get("quant_method") else None,
-        raw=dict(cfg), text=dict(tc))
+        raw=dict(cfg), text=dict(tc), trust_remote_code=trust_remote_code)
 
 
 def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:

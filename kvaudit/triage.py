@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_preset_spec, preset_for_model
+from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_model, load_preset_spec, preset_for_model
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.escape import md, md_code
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
-from kvaudit.spec import ModelSpec, load_model_spec
+from kvaudit.spec import ModelSpec
 from kvaudit.units import fmt_bytes
 
 SCHEMA_VERSION = 1
@@ -302,7 +302,7 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     family_of = None
     preset = match[0] if match else None
     if config:
-        spec = load_model_spec(config)
+        spec = load_model(None, config)[0]  # a Hub id, a model folder or a config.json
         values["model"] = Sourced(spec.name, f"--config {config}" + (f" (report: {model.source})" if model else ""))
     elif match and match[1]:
         spec = load_preset_spec(PRESETS[preset])  # type: ignore[index]

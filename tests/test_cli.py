@@ -45,7 +45,7 @@ BAD_INPUT = [
     (["audit", "--config", "{tmp}/notjson.json"], "not JSON ("),
     (["audit", "--config", "{tmp}/missing.json"], "missing 'architectures'"),
     (["audit", "--config", "{tmp}/gpt2.json"], "'num_hidden_layers' must be a positive integer"),
-    (["audit"], "exactly one of --config"),
+    (["audit"], "exactly one of --model"),
     (["qwen3-next", "--util", "0"], "--util must be in (0, 1]"),
     (["qwen3-next", "--util", "1.5"], "--util must be in (0, 1]"),
     (["qwen3-next", "--util", "abc"], "qwen3-next: Invalid value for '--util'"),
