@@ -54,7 +54,7 @@ class Cell:
     """The preset name, or the config path as the policy gives it."""
     preset: str | None
     config: str | None
-    """The config path resolved against the policy's folder."""
+    """The config path resolved against the policy's folder, or a Hub id."""
     options: tuple[tuple[str, Any], ...]
     """The deployment options this cell sets (vLLM's flag names), in the policy's order."""
     strategy: str
@@ -149,6 +149,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
     the default strategies. Every error is ``path:line: message`` (``PolicyError``, exit 2), before
     anything runs."""
     from kvaudit.deployment import PRESETS
+    from kvaudit.hub import is_hub_id
     from kvaudit.options import deployment_option_names, value_type
 
     from kvaudit.jsonfile import read_bytes
@@ -228,10 +229,10 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
                 exists = resolved.exists()
             except (OSError, ValueError):  # a NUL byte, a path too long
                 raise fail("model", i, "config", f"config {entry['config']!r} is not a path") from None
-            if not exists:
+            if not exists and not is_hub_id(entry["config"]):
                 raise fail("model", i, "config", f"config not found: {entry['config']} (resolved against the "
-                                                 f"policy's folder: {resolved})")
-            config = str(resolved)
+                                                 f"policy's folder: {resolved}; a Hub id is org/name)")
+            config = str(resolved) if exists else entry["config"]  # a Hub id, fetched when the check runs
         settings = {k: entry.get(k, defaults[k]) for k in defaults}
         _check_values("model", i, settings, fail)
         expect, why = entry.get("expect", defaults["expect"]), entry.get("why", "")

@@ -117,12 +117,15 @@ def parse_options(args: tuple, kwargs: dict, base: Path, what: str = MARKER) -> 
         raise bad(f"model must be a preset name or a config path, got {_kind(model)} {model!r}")
     preset = model if isinstance(model, str) and model in PRESETS else None
     if preset is None:
+        from kvaudit.hub import is_hub_id
+
         path = Path(model).expanduser()
         path = path if path.is_absolute() else base / path
-        if not (path.is_file() or (path / "config.json").is_file()):
-            raise bad(f"unknown model {str(model)!r}: not a kvaudit preset ({', '.join(PRESETS)}) nor a config.json "
-                      f"or a folder holding one (relative paths are read from {base})")
-        model = str(path.resolve())
+        if path.is_file() or (path / "config.json").is_file():
+            model = str(path.resolve())
+        elif not is_hub_id(str(model)):  # a Hub id is fetched (or read from the cache) when the plan is built
+            raise bad(f"unknown model {str(model)!r}: not a kvaudit preset ({', '.join(PRESETS)}), a Hub id "
+                      f"(org/name) nor a config.json or a folder holding one (relative paths are read from {base})")
     meter = kw.pop("meter", None) or "meta"
     if meter != "auto" and meter not in METER_NAMES:
         raise bad(f"unknown meter {meter!r} (known: auto, {', '.join(METER_NAMES)})")
