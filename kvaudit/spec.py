@@ -13,11 +13,6 @@ from typing import Any, Mapping
 
 from kvaudit.errors import ConfigError, UsageError
 
-KNOWN_LAYER_TYPES = frozenset({
-    "full_attention", "sliding_attention", "chunked_attention", "linear_attention", "attention", "mamba",
-    "conv", "hybrid", "moe", "dense", "mlp"})
-"""``layer_types`` entries that the HuggingFace configs of the models vLLM serves use."""
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -32,7 +27,9 @@ class ModelSpec:
     """``architectures[0]``: what vLLM's ``ModelRegistry`` resolves to a model class."""
     dtype: str
     """The config's declared weight dtype (``torch_dtype`` / ``dtype``), before vLLM's auto rule."""
-    num_hidden_layers: int
+    num_hidden_layers: int | None
+    """The layer count under any of the names transformers' configs give it (``LAYER_COUNT_KEYS``); None where the
+    config leaves it to its class's default (a multimodal wrapper's ``text_config`` often does): vLLM reads it."""
     max_position_embeddings: int | None
     quantization: str | None
     """``quantization_config.quant_method``, if the checkpoint is quantized."""
@@ -46,7 +43,7 @@ class ModelSpec:
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse what no PP split of this model can be (``make_deployment`` has checked both are at
         least 1; vLLM checks TP against the heads when it plans)."""
-        if pp > self.num_hidden_layers:
+        if self.num_hidden_layers is not None and pp > self.num_hidden_layers:
             raise UsageError(f"--pp {pp} exceeds the {self.num_hidden_layers} layers of {self.name}: "
                              "a pipeline stage would hold no layer")
 
@@ -82,7 +79,7 @@ def load_model_spec(path: str | Path, name: str | None = None, trust_remote_code
     return ModelSpec(
         name=name or p.parent.name, config_path=p, model_type=model_type, architecture=archs[0],
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or tc.get("torch_dtype") or tc.get("dtype") or "auto"),
-        num_hidden_layers=tc["num_hidden_layers"], max_position_embeddings=mpe if isinstance(mpe, int) else None,
+        num_hidden_layers=layer_count(tc), max_position_embeddings=mpe if isinstance(mpe, int) else None,
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) and quant.get("quant_method") else None,
         raw=dict(cfg), text=dict(tc), trust_remote_code=trust_remote_code)
 
@@ -100,12 +97,29 @@ def check_config(cfg: Mapping[str, Any], where: Any) -> Mapping[str, Any]:
     full-attention layers, a ``sliding_window`` of 0 as full attention, a ``hidden_size`` of 0) and every
     strategy would pass on a model that does not exist."""
     tc = text_config(cfg)
-    layers = _positive(tc, "num_hidden_layers", where)
+    for key in LAYER_COUNT_KEYS:
+        if key in tc:
+            _positive(tc, key, where)
+    layers = layer_count(tc)
     for c in ((tc, cfg) if tc is not cfg else (cfg,)):
         _check_sizes(c, where)
     _check_heads(tc, where)
     _check_layer_types(tc, layers, where)
     return tc
+
+
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+"""The names transformers' config classes give the layer count (``attribute_map`` of GPT-2 and GPT-J: ``n_layer``;
+ChatGLM: ``num_layers``; MPT: ``n_layers``); a config that sets none takes its class's default, as vLLM does."""
+
+
+def layer_count(tc: Mapping[str, Any]) -> int | None:
+    """The layer count the config sets, under the first of ``LAYER_COUNT_KEYS`` it uses; None where it sets none."""
+    for key in LAYER_COUNT_KEYS:
+        v = tc.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
 
 
 def with_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -119,7 +133,7 @@ def with_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) 
 
 
 AT_LEAST_ONE = (
-    "num_hidden_layers", "num_layers", "n_layer", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    *LAYER_COUNT_KEYS, "hidden_size", "intermediate_size", "moe_intermediate_size",
     "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
     "sliding_window", "sliding_window_pattern", "full_attention_interval", "attention_chunk_size",
     "num_experts_per_tok", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
@@ -137,7 +151,7 @@ AT_LEAST_ZERO = ("num_experts", "num_local_experts", "n_routed_experts", "n_shar
 describes none."""
 
 AT_MOST = {
-    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "num_nextn_predict_layers"), 512),
+    **dict.fromkeys((*LAYER_COUNT_KEYS, "num_nextn_predict_layers"), 512),
     "hidden_size": 1 << 17,
     **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"), 1 << 20),
     "vocab_size": 1 << 22,
@@ -186,14 +200,11 @@ def _check_heads(tc: Mapping[str, Any], path: Any) -> None:
                           "grouped-query attention needs whole groups")
 
 
-def _check_layer_types(tc: Mapping[str, Any], layers: int, path: Any) -> None:
+def _check_layer_types(tc: Mapping[str, Any], layers: int | None, path: Any) -> None:
     kinds = tc.get("layer_types")
     if kinds is None:
         return
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
         raise ConfigError(f"{path}: 'layer_types' must be a list of strings")
-    unknown = sorted(set(kinds) - KNOWN_LAYER_TYPES)
-    if unknown:
-        raise ConfigError(f"{path}: unknown layer_types entry {unknown[0]!r} (known: {', '.join(sorted(KNOWN_LAYER_TYPES))})")
-    if len(kinds) < layers:
+    if layers is not None and len(kinds) < layers:
         raise ConfigError(f"{path}: 'layer_types' lists {len(kinds)} layers, the config has {layers}")

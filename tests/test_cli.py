@@ -44,7 +44,7 @@ BAD_INPUT = [
     (["audit", "--config", "/nonexistent/config.json"], "config not found"),
     (["audit", "--config", "{tmp}/notjson.json"], "not JSON ("),
     (["audit", "--config", "{tmp}/missing.json"], "missing 'architectures'"),
-    (["audit", "--config", "{tmp}/gpt2.json"], "'num_hidden_layers' must be a positive integer"),
+    (["audit", "--config", "{tmp}/gpt2.json"], "'n_layer' must be a positive integer"),
     (["audit"], "exactly one of --model"),
     (["qwen3-next", "--util", "0"], "--util must be in (0, 1]"),
     (["qwen3-next", "--util", "1.5"], "--util must be in (0, 1]"),
@@ -75,7 +75,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     (tmp_path / "notjson.json").write_text("{model_type: qwen3_next")
     (tmp_path / "missing.json").write_text('{"model_type": "llama"}')
-    (tmp_path / "gpt2.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    (tmp_path / "gpt2.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 0}')
     code, out, err = _run([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2
     assert out == ""

@@ -62,18 +62,33 @@ def _gemma_window(window: int) -> dict:
     ({"hidden_size": 1}, "missing required field 'model_type'"),
     ({"d_model": 2560, "n_layer": 64, "vocab_size": 50277, "ssm_cfg": {}}, "mamba_ssm's format"),
     ({"model_type": "llama", "num_hidden_layers": 2}, "missing 'architectures'"),
-    ("layer_types", "unknown layer_types entry 'banana_attention'"),
+    ("layer_types", "'layer_types' lists 12 layers, the config has 48"),
     ("heads", "not a multiple of num_key_value_heads"),
     ("layers", "'num_hidden_layers' must be a positive integer"),
 ])
 def test_bad_configs_are_one_line_errors(tmp_path, cfg, message):
     cfg = {
-        "layer_types": _qwen(layer_types=["banana_attention"] * 48),
+        "layer_types": _qwen(layer_types=["full_attention"] * 12),
         "heads": _qwen(num_attention_heads=16, num_key_value_heads=3),
         "layers": _qwen(num_hidden_layers=0),
     }.get(cfg, cfg) if isinstance(cfg, str) and not cfg.startswith(("{", "[")) else cfg
     with pytest.raises(ConfigError, match=message):
         load_model_spec(_write(tmp_path, cfg))
+
+
+@pytest.mark.parametrize("cfg", [
+    {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 12, "n_embd": 768},  # GPT-2's names
+    {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],  # sizes from LlamaConfig's defaults
+     "text_config": {"model_type": "llama"}},
+    "window_attention"])
+def test_what_transformers_defines_is_not_refused_before_vllm(tmp_path, cfg):
+    """A layer count under another name (``n_layer``), one left to the config class's default, and a
+    ``layer_types`` entry transformers allows (``ALLOWED_LAYER_TYPES``) are vLLM's and transformers' to read: kvaudit
+    checks nothing vLLM does not."""
+    if cfg == "window_attention":
+        cfg = _qwen(layer_types=["window_attention"] * 48)
+    spec = load_model_spec(_write(tmp_path, cfg))
+    assert spec.num_hidden_layers == (cfg.get("n_layer") or cfg.get("num_hidden_layers"))
 
 
 def test_a_window_above_the_positions_is_vllms_to_judge(tmp_path):
