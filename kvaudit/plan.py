@@ -456,7 +456,7 @@ def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) 
             raise ConfigError(
                 f"vLLM's planner refused the budget of {budget:,} B{need}: {_first_line(e)}") from None
         except (ArithmeticError, AssertionError, TypeError, KeyError) as e:  # vLLM's invariants, on odd specs
-            raise ConfigError(f"vLLM {v.version}'s planner could not plan {d.model.name}: {_why(e)}") from None
+            raise ConfigError(f"vLLM {v.version}'s planner could not plan {d.model.name}: {_why(e)}{_at(e)}") from None
     if cfg.num_blocks < 1:
         raise ConfigError(f"the KV budget {budget} B holds no block of every group")
     plan = _to_plan(cfg, vc, d, rule, specs, v.version)
@@ -490,7 +490,11 @@ def _stage_inputs(v: _Vllm, d: Deployment, rule: PlatformRule, kv_budget: KVBudg
             layers = vc.compilation_config.static_forward_context
             backends = list(dict.fromkeys(layers[name].get_attn_backend() for name in specs))
             layouts = [lay.name for lay in v.backend_utils.get_supported_kv_cache_layouts(backends)]
-            v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+            try:
+                v.backend_utils.resolve_kv_cache_layout(vc, [layouts], specs.values())
+            except (ArithmeticError, AssertionError, TypeError, KeyError) as e:  # vLLM's invariants on the specs
+                raise ConfigError(f"vLLM {v.version} could not size the KV-cache pages of {d.model.name}: "
+                                  f"{_why(e)}{_at(e)}") from None
         budget = d.kv_budget_bytes if kv_budget is None else kv_budget.scale(d.kv_budget_bytes, vc, specs,
                                                                              d.kv_transfer)
     return vc, specs, budget
@@ -499,8 +503,19 @@ def _stage_inputs(v: _Vllm, d: Deployment, rule: PlatformRule, kv_budget: KVBudg
 def _why(e: BaseException) -> str:
     """The reason in one line, naming the exception where its type is the only hint (``ZeroDivisionError``)."""
     line = _first_line(e)
-    return line if isinstance(e, (ValueError, TypeError)) and line != type(e).__name__ else \
-        f"{type(e).__name__}: {line}"
+    if line == type(e).__name__ or isinstance(e, (ValueError, TypeError)):
+        return line
+    return f"{type(e).__name__}: {line}"
+
+
+def _at(e: BaseException) -> str:
+    """Where in vLLM an exception with no message of its own (a bare ``assert``) was raised: `` at file.py:line``."""
+    import traceback
+
+    if str(e).strip():
+        return ""
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 
 def _first_line(e: BaseException) -> str:
