@@ -145,6 +145,10 @@ AT_LEAST_ONE = (
 1: HuggingFace's definitions ("Dimension of the hidden representations", "Number of hidden layers", "the
 sliding window attention window size", a full-attention layer "every N layers"). 0 or less describes no model."""
 
+MLA_SIZES = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+"""The sizes of multi-head latent attention, which a DeepSeek-V2 config with ``use_mla: false`` does not use (vLLM's
+``ModelConfig.is_deepseek_mla`` reads the flag; DeepSeek-OCR sets ``qk_rope_head_dim`` to 0)."""
+
 AT_LEAST_ZERO = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts",
                  "num_nextn_predict_layers", "first_k_dense_replace", "shared_expert_intermediate_size")
 """Counts where 0 is a model without that part (a dense Granite 4.0-H has ``num_local_experts: 0``); negative
@@ -175,6 +179,8 @@ def _check_sizes(cfg: Mapping[str, Any], where: Any) -> None:
             continue  # absent, null (none of it) or not a number: vLLM's and transformers' own checks judge it
         if key == "sliding_window" and cfg.get("use_sliding_window") is False:
             continue  # (Qwen2's configs: a window that is not used)
+        if key in MLA_SIZES and cfg.get("use_mla") is False:
+            continue  # (DeepSeek-OCR: a DeepSeek-V2 language model with MLA off, qk_rope_head_dim 0)
         if v < least:
             raise ConfigError(f"{where}: field {key!r} is {v!r}; it must be at least {least}: a config with it "
                               "describes no model" + (" (null means none)" if key == "sliding_window" else ""))

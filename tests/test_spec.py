@@ -80,13 +80,15 @@ def test_bad_configs_are_one_line_errors(tmp_path, cfg, message):
     {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 12, "n_embd": 768},  # GPT-2's names
     {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],  # sizes from LlamaConfig's defaults
      "text_config": {"model_type": "llama"}},
-    "window_attention"])
+    "window_attention", "deepseek-ocr"])
 def test_what_transformers_defines_is_not_refused_before_vllm(tmp_path, cfg):
     """A layer count under another name (``n_layer``), one left to the config class's default, and a
     ``layer_types`` entry transformers allows (``ALLOWED_LAYER_TYPES``) are vLLM's and transformers' to read: kvaudit
     checks nothing vLLM does not."""
     if cfg == "window_attention":
         cfg = _qwen(layer_types=["window_attention"] * 48)
+    elif cfg == "deepseek-ocr":  # use_mla false, qk_rope_head_dim 0: MLA's sizes are not this model's
+        cfg = json.loads((ROOT / "fixtures/architectures/deepseek-ai--DeepSeek-OCR/config.json").read_text())
     spec = load_model_spec(_write(tmp_path, cfg))
     assert spec.num_hidden_layers == (cfg.get("n_layer") or cfg.get("num_hidden_layers"))
 
