@@ -9,8 +9,9 @@ weight bytes per rank (quantized layers included) are therefore vLLM's own.
 Building on a host with no accelerator needs stand-ins for the few places where vLLM asks the
 platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (compute
 capability 9.0; FlashAttention 3 with sinks and fp8 KV cache, FlashMLA, Triton MoE, the linear-kernel
-tables CUDA lists); none of them changes a parameter shape or a KV-cache spec. They are applied only
-while a model is built or asked for its specs, and undone afterwards.
+tables CUDA lists, no SM100-only fused GEMM, CUDA streams a model only holds); none of them changes a
+parameter shape or a KV-cache spec. They are applied only while a model is built or asked for its specs,
+and undone afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import contextvars
 import copy
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -170,6 +172,17 @@ def _hopper() -> Any:
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     missing = object()
+    if isinstance(obj, dict):  # an entry of a mapping (sys.modules)
+        old = obj.get(name, missing)
+        obj[name] = value
+        try:
+            yield
+        finally:
+            if old is missing:
+                obj.pop(name, None)
+            else:
+                obj[name] = old
+        return
     old = obj.__dict__.get(name, missing) if isinstance(obj, type) else getattr(obj, name, missing)
     setattr(obj, name, value)
     try:
@@ -216,6 +229,15 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     if moe is not None and oracle is not None and hasattr(moe, "select_unquantized_moe_backend"):
         triton = oracle.UnquantizedMoeBackend.TRITON
         out.append((moe, "select_unquantized_moe_backend", lambda *_a, **_k: (triton, None)))
+    for name in ("vllm.model_executor.layers.fused_moe.config", "vllm.model_executor.layers.fused_moe.layer"):
+        # FusedMoEConfig.__post_init__ (fused_moe/config.py; FusedMoE.__init__ in fused_moe/layer.py before it)
+        # refuses a non-gated MoE (Nemotron-3-Nano's relu2 experts: is_act_and_mul=False) unless
+        # current_platform.is_cuda_alike(). That check is the only is_cuda_alike() in either module; the module
+        # sees a platform that answers it as CUDA does and is the real platform otherwise. The expert weights
+        # are sized by the activation (one up shard instead of gate+up), not by the platform.
+        m = _optional(name)
+        if m is not None and hasattr(m, "current_platform"):
+            out.append((m, "current_platform", _PlatformAnswering(m.current_platform, is_cuda_alike=True)))
     mx = _optional("vllm.model_executor.layers.quantization.mxfp4")
     mx_oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
     if mx is not None and mx_oracle is not None and hasattr(mx, "select_mxfp4_moe_backend"):
@@ -233,10 +255,59 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     if kernels is not None and hasattr(kernels, "choose_mp_linear_kernel") and hasattr(kernels, "_POSSIBLE_KERNELS"):
         out.append((kernels, "choose_mp_linear_kernel", _cuda_mp_kernel_choice(kernels.choose_mp_linear_kernel,
                                                                               kernels._POSSIBLE_KERNELS)))
+    act = _optional("vllm.model_executor.layers.activation")
+    if act is not None and hasattr(act, "GeluAndMulSparse"):
+        # vllm/model_executor/layers/activation.py GeluAndMulSparse.__init__ (Gemma 3n's sparse MLP activation)
+        # computes its threshold with a scalar tensor and .item(): under the build's default device that tensor
+        # is on meta and .item() fails. On a GPU it is computed on the device and read back; the constructor,
+        # run on the CPU, stores the same Python float. The op holds no parameter or buffer.
+        cls = act.GeluAndMulSparse
+        out.append((cls, "__init__", _on_cpu(cls.__init__)))
+    gemm_rs_ar = "vllm.model_executor.kernels.linear.cute_dsl.gemm_rs_ar"
+    if _absent("cutlass") and gemm_rs_ar not in sys.modules:
+        # vllm/model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py maybe_init_gemm_rs_ar, which Kimi-Linear /
+        # Kimi-K3 (vllm/models/kimi_k3/nvidia/model.py) and DeepSeek-V4.1 import as they build, to decide
+        # whether row-parallel projections use the fused GEMM + reduce-scatter/all-reduce kernel. The module
+        # imports the CUTLASS DSL (nvidia-cutlass-dsl[cu13], some 95 MB of CUDA-only wheels) and cuda-python at
+        # its top, to compile that kernel; the kernel is SM100-only, so on Hopper the function answers False
+        # ("the device is not SM100-family"). While a model is built the module is this stand-in holding only
+        # that function (any other name fails to import, as the real module does here); the projections'
+        # weights are the same either way.
+        out.append((sys.modules, gemm_rs_ar, _module(gemm_rs_ar, maybe_init_gemm_rs_ar=lambda *_a, **_k: False)))
     out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
+    if not torch.cuda.is_available():
+        # torch.cuda.Stream() / torch.cuda.Event() where a model builds its side streams for overlapping kernels
+        # (vllm/models/kimi_k3/nvidia/model.py KimiLinearModel.__init__, its MLA / KDA layers; DeepSeek-V4 and
+        # V4.1 likewise): a CPU build of torch refuses to make them. While a model is built they are
+        # placeholders that are still instances of torch's classes; they are only held, never used, and hold
+        # no tensor.
+        stream, event = _placeholder_cuda_types(torch)
+        out += [(torch.cuda, "Stream", stream), (torch.cuda, "Event", event)]
     if not torch.accelerator.is_available():  # the runner's workspace empties the device cache as it grows
         out.append((torch.accelerator, "empty_cache", lambda: None))
     return out
+
+
+class _PlatformAnswering:
+    """The current platform, except for the named yes/no questions, answered as CUDA on Hopper does."""
+
+    def __init__(self, platform: Any, **answers: bool) -> None:
+        self._platform = platform
+        for name, answer in answers.items():
+            setattr(self, name, lambda answer=answer: answer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+
+def _on_cpu(init: Callable[..., None]) -> Callable[..., None]:
+    """A constructor run with the CPU as the default device (for scalar work a constructor reads back)."""
+    def run(self: Any, *args: Any, **kwargs: Any) -> None:
+        import torch
+
+        with torch.device("cpu"):
+            init(self, *args, **kwargs)
+    return run
 
 
 def _cuda_kernel_choice(choose: Callable[..., Any]) -> Callable[..., Any]:
@@ -267,6 +338,35 @@ def _cuda_mp_kernel_choice(choose: Callable[..., Any], table: dict) -> Callable[
 
             return table[PlatformEnum.CUDA][0]
     return pick
+
+
+def _placeholder_cuda_types(torch: Any) -> tuple[type, type]:
+    """Subclasses of ``torch.cuda.Stream`` and ``torch.cuda.Event`` whose instances need no CUDA."""
+    def placeholder(base: type) -> type:
+        return type(base.__name__, (base,), {
+            "__new__": lambda cls, *_a, **_k: object.__new__(cls),
+            "__init__": lambda self, *_a, **_k: None,
+            "__repr__": lambda self: f"<kvaudit placeholder torch.cuda.{base.__name__}>",
+            "__module__": __name__,
+        })
+    return placeholder(torch.cuda.Stream), placeholder(torch.cuda.Event)
+
+
+def _absent(name: str) -> bool:
+    """Whether module ``name`` cannot be found (its parent packages are imported to look)."""
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _module(name: str, **attrs: Any) -> Any:
+    """A stand-in module holding only ``attrs``."""
+    import types
+
+    m = types.ModuleType(name, "kvaudit stand-in (kvaudit/vllm_model.py)")
+    vars(m).update(attrs)
+    return m
 
 
 def _optional(name: str) -> Any:

@@ -1,0 +1,205 @@
+"""The stand-ins kvaudit/vllm_model.py applies for families that did not build on ``meta``: each family plans with
+them, and where the installed vLLM has the place a stand-in answers for, the build fails without it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections import Counter
+
+import pytest
+
+from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
+
+pytestmark = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed (a device host)")
+
+GEMMA_3N_E4B_TEXT = {
+    # google/gemma-3n-E4B-it's text model, transcribed (Hugging Face was not reachable) from the defaults of
+    # transformers' Gemma3nTextConfig (transformers/models/gemma3n/configuration_gemma3n.py, 5.x), which that class
+    # documents as E4B's: hidden 2048, intermediate 16384, 35 layers, 8/2 heads, head_dim 256, 15 KV-shared
+    # layers, AltUp 4, LAuReL 64, per-layer inputs 256, layer_types 4 sliding + 1 full, activation sparsity 0.95
+    # for the first 10 layers. Not compared with the released config.json.
+    "architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text", "vocab_size": 262400,
+    "vocab_size_per_layer_input": 262144, "hidden_size": 2048, "hidden_size_per_layer_input": 256,
+    "intermediate_size": [16384] * 35, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "max_position_embeddings": 32768, "sliding_window": 512, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "attention_bias": False, "attention_dropout": 0.0,
+    "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": 30.0, "altup_active_idx": 0,
+    "altup_coef_clip": 120.0, "altup_correct_scale": True, "altup_lr_multiplier": 1.0, "altup_num_inputs": 4,
+    "laurel_rank": 64, "num_kv_shared_layers": 15, "query_pre_attn_scalar": 256, "initializer_range": 0.02,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25, "torch_dtype": "bfloat16"}
+
+GEMMA_3N_E4B = {
+    # The multimodal wrapper around it: the vision (timm's MobileNet-V5 300M) and audio (USM conformer) configs
+    # and token ids are transformers 5.x's Gemma3nConfig defaults, which that class documents as E4B's.
+    "architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n", "torch_dtype": "bfloat16",
+    "audio_soft_tokens_per_image": 188, "vision_soft_tokens_per_image": 256, "boi_token_id": 255999,
+    "eoi_token_id": 262144, "image_token_id": 262145, "boa_token_id": 256000, "eoa_token_id": 262272,
+    "audio_token_id": 262273, "eos_token_id": [1, 106], "initializer_range": 0.02,
+    "text_config": {k: v for k, v in GEMMA_3N_E4B_TEXT.items() if k != "architectures"},
+    "vision_config": {"model_type": "gemma3n_vision", "architecture": "mobilenetv5_300m_enc", "hidden_size": 2048,
+                      "vocab_size": 128, "vocab_offset": 262144, "rms_norm_eps": 1e-6, "do_pooling": False},
+    "audio_config": {"model_type": "gemma3n_audio", "vocab_size": 128, "vocab_offset": 262272, "input_feat_size": 128,
+                     "hidden_size": 1536, "rms_norm_eps": 1e-6, "conf_attention_chunk_size": 12,
+                     "conf_attention_context_left": 13, "conf_attention_context_right": 0,
+                     "conf_attention_logit_cap": 50.0, "conf_num_attention_heads": 8, "conf_num_hidden_layers": 12,
+                     "conf_conv_kernel_size": 5, "conf_reduction_factor": 4, "conf_residual_weight": 0.5,
+                     "sscp_conv_channel_size": [128, 32], "sscp_conv_group_norm_eps": 0.001,
+                     "sscp_conv_kernel_size": [[3, 3], [3, 3]], "sscp_conv_stride_size": [[2, 2], [2, 2]]}}
+
+KIMI_LINEAR_48B = {
+    # moonshotai/Kimi-Linear-48B-A3B-Instruct, transcribed (Hugging Face was not reachable): the sizes as
+    # ml-explore/mlx-lm's mlx_lm/models/kimi_linear.py ModelArgs defaults give them (@ 07442894: vocab 163840,
+    # hidden 2304, intermediate 9216, MoE 1024 x 256 experts + 1 shared, top 8, 27 layers, 32 heads, head_dim
+    # 72, MLA 512/64/128/128, first_k_dense_replace 1, scaling 2.446). linear_attn_config (KDA heads 32 x 128,
+    # kernel 4; every 4th layer and the last MLA) follows the 3:1 KDA-to-MLA layout MoonshotAI/Kimi-Linear's
+    # README describes; the exact layer lists are not checked against the released file.
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": 163840,
+    "hidden_size": 2304, "head_dim": 72, "intermediate_size": 9216, "num_hidden_layers": 27,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False, "first_k_dense_replace": 1,
+    "moe_intermediate_size": 1024, "moe_layer_freq": 1, "moe_renormalize": True,
+    "moe_router_activation_func": "sigmoid", "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "routed_scaling_factor": 2.446, "use_grouped_topk": True, "num_expert_group": 1, "topk_group": 1,
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "mla_use_nope": True, "num_nextn_predict_layers": 0,
+    "linear_attn_config": {"full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "head_dim": 128,
+                           "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+                           "num_heads": 32, "short_conv_kernel_size": 4},
+    "model_max_length": 1048576, "eos_token_id": 163586, "torch_dtype": "bfloat16", "use_cache": True}
+
+NEMOTRON_3_NANO = ROOT / "fixtures" / "architectures" / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+"""An exact copy of nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json (its SOURCE file names where from)."""
+
+
+def _plan(tmp_path, config: dict | None = None, folder=None):
+    from kvaudit.plan import build_plan, make_deployment
+    from kvaudit.spec import load_model_spec
+
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        folder = tmp_path
+    d = make_deployment(load_model_spec(folder), tp=1, gpu_memory_utilization=0.9, max_model_len=4096,
+                        device="h200-141g", overhead_bytes=2 << 30)
+    return build_plan(d, "cuda")
+
+
+def _without(monkeypatch, dropped) -> None:
+    """Build afresh, with every stand-in but those ``dropped(obj, name)`` names."""
+    from kvaudit import vllm_model
+
+    stand_ins = vllm_model._stand_in_list(vllm_model._modules())
+    kept = [(o, n, v) for o, n, v in stand_ins if not dropped(o, n)]
+    assert len(kept) < len(stand_ins), "the stand-in to leave out is not in the list"
+    monkeypatch.setattr(vllm_model, "_STAND_INS", kept)
+    monkeypatch.setattr(vllm_model, "_BUILT", {})
+
+
+def _specs(plan) -> Counter:
+    return Counter(plan.layer_specs.values())
+
+
+def _vllm_module(name: str):
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def test_gemma_3n_plans_its_20_cache_layers(tmp_path):
+    """35 layers, the last 15 reuse the KV of earlier ones: 16 sliding-window and 4 full-attention caches."""
+    plan = _plan(tmp_path, GEMMA_3N_E4B_TEXT)
+    assert _specs(plan) == {"SlidingWindowSpec": 16, "FullAttentionSpec": 4}
+
+
+def test_gemma_3n_needs_the_sparse_activation_stand_in(tmp_path, monkeypatch):
+    act = _vllm_module("vllm.model_executor.layers.activation")
+    if ".item()" not in inspect.getsource(act.GeluAndMulSparse.__init__):
+        pytest.skip(f"vLLM {VLLM_VERSION}'s GeluAndMulSparse reads no scalar back at init")
+    _without(monkeypatch, lambda obj, name: obj is act.GeluAndMulSparse and name == "__init__")
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="meta tensors"):
+        _plan(tmp_path, GEMMA_3N_E4B_TEXT)
+
+
+@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason="vLLM 0.23's Gemma 3n wrapper refuses kvaudit's hybrid "
+                    "KV-cache setting when it re-validates the text config")
+def test_gemma_3n_with_its_vision_and_audio_towers_plans(tmp_path):
+    """timm (requirements/vllm-*/nodeps.txt) builds the MobileNet-V5 vision tower; the towers hold no KV cache."""
+    plan = _plan(tmp_path, GEMMA_3N_E4B)
+    assert _specs(plan) == {"SlidingWindowSpec": 16, "FullAttentionSpec": 4}
+
+
+def _nemotron_3_nano():
+    if not (NEMOTRON_3_NANO / "config.json").is_file():
+        pytest.skip(f"{NEMOTRON_3_NANO.relative_to(ROOT)} is not in this checkout")
+    return NEMOTRON_3_NANO
+
+
+def test_nemotron_3_nano_plans_23_mamba_and_6_attention_layers(tmp_path):
+    plan = _plan(tmp_path, folder=_nemotron_3_nano())
+    assert _specs(plan) == {"MambaSpec": 23, "FullAttentionSpec": 6}
+
+
+def test_nemotron_3_nano_needs_the_non_gated_moe_stand_in(tmp_path, monkeypatch):
+    """Its relu2 experts are not gated (is_act_and_mul=False), which vLLM allows only where is_cuda_alike()."""
+    folder = _nemotron_3_nano()
+    _without(monkeypatch, lambda obj, name: name == "current_platform"
+             and getattr(obj, "__name__", "").startswith("vllm.model_executor.layers.fused_moe."))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is_act_and_mul=False"):
+        _plan(tmp_path, folder=folder)
+
+
+kimi_linear = pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason="Kimi-Linear's MLA prefill has no stand-in "
+                                 "under vLLM 0.23")
+
+
+@kimi_linear
+def test_kimi_linear_plans_20_kda_and_7_mla_layers(tmp_path):
+    plan = _plan(tmp_path, KIMI_LINEAR_48B)
+    assert _specs(plan) == {"MambaSpec": 20, "MLAAttentionSpec": 7}
+
+
+@kimi_linear
+def test_kimi_linear_needs_the_gemm_rs_ar_stand_in(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("cutlass") is not None:
+        pytest.skip("the CUTLASS DSL is installed: vLLM's own module answers")
+    name = "vllm.model_executor.kernels.linear.cute_dsl.gemm_rs_ar"
+    _without(monkeypatch, lambda obj, key: obj is sys.modules and key == name)
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cutlass"):
+        _plan(tmp_path, KIMI_LINEAR_48B)
+
+
+@kimi_linear
+def test_kimi_linear_needs_the_cuda_stream_stand_in(tmp_path, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: torch makes real streams")
+    _without(monkeypatch, lambda obj, name: obj is torch.cuda and name in ("Stream", "Event"))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="torch.cuda.Stream requires CUDA"):
+        _plan(tmp_path, KIMI_LINEAR_48B)
+
+
+def test_the_stand_ins_are_undone_after_a_build(tmp_path):
+    """Outside a build vLLM sees this host as it is (a CPU torch: no CUDA stream)."""
+    import torch
+
+    from kvaudit import vllm_model
+
+    _plan(tmp_path, GEMMA_3N_E4B_TEXT)
+    for obj, name, _value in vllm_model._STAND_INS:
+        if obj is torch.cuda:
+            assert getattr(torch.cuda, name).__module__ == "torch.cuda.streams"
+    act = _vllm_module("vllm.model_executor.layers.activation")
+    assert act.GeluAndMulSparse.__init__.__module__ == act.__name__
