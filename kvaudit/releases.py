@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import NotAuditable, StrategyFailed, UsageError
+from kvaudit.errors import KvauditError, NotAuditable, StrategyFailed, UsageError
 from kvaudit.results import KVPlan
 from kvaudit.runner_code import (Extracted, SourceTree, class_literals, extract_allocator, extract_method,
                                  installed_tree, run_extracted, stand_in)
@@ -293,14 +293,15 @@ def kv_budget_rule(tree: SourceTree, label: str, built: dict[str, dict[str, Any]
     blocks and those buffers fit. ``None`` for a tree whose worker has no such method (it plans with the
     whole budget). Run on a stand-in worker: ``get_kv_cache_spec()`` answers vLLM's specs of the plan,
     ``model_runner`` the runner class's own flags and the model's ``use_sparse``/``use_compress``."""
-    fn = extract_method(tree, WORKER_MODULE, WORKER_CLASS, SCALE_BUDGET)
+    fn = extract_method(tree, WORKER_MODULE, WORKER_CLASS, SCALE_BUDGET, built)
     if fn is None:
         return None
     literals = class_literals(tree, RUNNER_MODULE, RUNNER_CLASS)
     flags = {n: literals[n] for n in _RUNNER_FLAGS if n in literals}
     properties = {n: p for n in _RUNNER_FLAGS if n not in flags
-                  and isinstance(p := extract_method(tree, RUNNER_MODULE, RUNNER_CLASS, n), property)}
+                  and isinstance(p := extract_method(tree, RUNNER_MODULE, RUNNER_CLASS, n, built), property)}
     who = f"{label}'s {WORKER_CLASS}.{SCALE_BUDGET}"
+    pinned = pinned_vllm(tree)
 
     def scale(available: int, vllm_config: Any, kv_cache_spec: dict, kv_transfer: bool) -> int:
         vc = _with_kv_transfer(vllm_config, kv_transfer)
@@ -310,7 +311,16 @@ def kv_budget_rule(tree: SourceTree, label: str, built: dict[str, dict[str, Any]
                                         "cache_config": vc.cache_config, "parallel_config": vc.parallel_config,
                                         "model_runner": runner},
                           {"get_kv_cache_spec": lambda self: dict(kv_cache_spec)})
-        return int(run_extracted(fn, worker, available, label=label, known=built))
+        try:
+            return int(run_extracted(fn, worker, available, label=label, known=built))
+        except KvauditError:
+            raise
+        except Exception as e:  # the release's code, written for the vLLM it pins: this strategy is not audited
+            line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            from kvaudit.plan import vllm_version
+
+            raise StrategyFailed(f"{who} raised {type(e).__name__}: {line} (the release pins vLLM "
+                                 f"{pinned or 'unknown'}; planned by vLLM {vllm_version() or 'unknown'})") from None
 
     return KVBudget(who, scale)
 
@@ -422,8 +432,9 @@ def release_strategy(version: str) -> Strategy:
     load_vllm()  # vLLM's modules importable (and torchvision's ops declared) before the code's imports bind
     label = f"{PACKAGE} {version}"
     tree = SourceTree(label, tarball=tarball)
+    built = build_info(tree)  # before extracting: module-level values the code reads are computed from it
     try:
-        code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
+        code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS, built)
     except StrategyFailed as e:
         if version_key(version) >= version_key(FIRST_HYBRID):
             raise
@@ -434,7 +445,6 @@ def release_strategy(version: str) -> Strategy:
             raise NotAuditable(why)
 
         return Strategy(f"{PACKAGE}=={version}", "not runnable here", platform_for(version), label, refuse)
-    built = build_info(tree)
     return _code_strategy(f"{PACKAGE}=={version}", f"{code.method} from the {version} sdist", label, version, code,
                           pinned_vllm(tree), built, kv_budget_rule(tree, label, built))
 
@@ -451,8 +461,8 @@ def checkout_strategy(path: str) -> Strategy:
 
     load_vllm()
     tree = SourceTree(f"{PACKAGE} checkout {root}", root=root)
-    code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS)
     built = build_info(tree)
+    code = extract_allocator(tree, RUNNER_MODULE, RUNNER_CLASS, built)
     return _code_strategy(f"{PACKAGE}={root.name}", f"{code.method} from {root}",
                           f"{PACKAGE} checkout ({version or 'no version found'})", version, code, pinned_vllm(tree),
                           built, kv_budget_rule(tree, tree.label, built))

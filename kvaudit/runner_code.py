@@ -2,7 +2,8 @@
 
 The method is read from source (an installed package or a release's sdist) without importing its
 module, which would need the accelerator stack. kvaudit compiles it with the helper methods and
-module-level helpers it calls (taken from the same source tree), binds the names it imports from
+module-level helpers it calls (taken from the same source tree) and the module-level values they read
+(computed as the module's import computes them), binds the names it imports from
 torch and vLLM to the installed ones, and calls it on a stand-in ``self`` that provides only the
 attributes kvaudit knows. Anything else the code reads stops the audit with exit 3, naming it.
 """
@@ -145,8 +146,11 @@ class Extracted:
                              package=self.package, known=modules)
 
 
-def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extracted:
-    """Compile ``class_name``'s allocation method of ``module`` (from ``tree``) and what it calls."""
+def extract_allocator(tree: SourceTree, module: str, class_name: str,
+                      known: dict[str, dict[str, Any]] | None = None) -> Extracted:
+    """Compile ``class_name``'s allocation method of ``module`` (from ``tree``) and what it calls. ``known``:
+    modules of the code's package with known contents (what its build writes, ``releases.build_info``),
+    for the module-level values the code reads that its package computes when imported (``_Loader.value``)."""
     rel = tree.module_file(module)
     if rel is None:
         raise StrategyFailed(f"{tree.label} has no {module}")
@@ -173,7 +177,7 @@ def extract_allocator(tree: SourceTree, module: str, class_name: str) -> Extract
                 chosen[called] = methods[called]
                 todo.append(methods[called])
     namespace: dict[str, Any] = {"__name__": f"kvaudit_extracted_{module}", "__builtins__": builtins}
-    loader = _Loader(tree)
+    loader = _Loader(tree, known)
     loader.bind(rel, mod, list(chosen.values()), namespace)
     compiled = ast.Module(body=[_bare(fn) for fn in chosen.values()], type_ignores=[])
     exec(compile(ast.fix_missing_locations(compiled), f"{tree.label}:{rel}", "exec"), namespace)
@@ -256,9 +260,11 @@ def class_literals(tree: SourceTree, module: str, class_name: str) -> dict[str, 
     return _constants(ast.Module(body=cls.body, type_ignores=[])) if cls else {}
 
 
-def extract_method(tree: SourceTree, module: str, class_name: str, name: str) -> Callable | None:
+def extract_method(tree: SourceTree, module: str, class_name: str, name: str,
+                   known: dict[str, dict[str, Any]] | None = None) -> Callable | None:
     """One method of ``class_name`` in ``module`` (from ``tree``), compiled alone, or ``None`` where the
-    class has no such method: a runner base-class method the allocation code calls."""
+    class has no such method: a runner base-class method the allocation code calls. ``known`` as for
+    ``extract_allocator``."""
     rel = tree.module_file(module)
     mod = ast.parse(tree.read(rel) or "", filename=rel) if rel else None
     cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None) if mod else None
@@ -266,7 +272,7 @@ def extract_method(tree: SourceTree, module: str, class_name: str, name: str) ->
     if rel is None or mod is None or fn is None:
         return None
     namespace: dict[str, Any] = {"__name__": f"kvaudit_extracted_{module}", "__builtins__": builtins}
-    _Loader(tree).bind(rel, mod, [fn], namespace)
+    _Loader(tree, known).bind(rel, mod, [fn], namespace)
     exec(compile(ast.fix_missing_locations(ast.Module(body=[_bare(fn)], type_ignores=[])), f"{tree.label}:{rel}",
                  "exec"), namespace)
     return namespace[name]
@@ -339,9 +345,12 @@ def _imports(mod: ast.Module, module_name: str) -> dict[str, tuple[str, str | No
 class _Loader:
     """Binds the global names of extracted functions, compiling helpers from the tree once each."""
 
-    def __init__(self, tree: SourceTree) -> None:
+    def __init__(self, tree: SourceTree, known: dict[str, dict[str, Any]] | None = None) -> None:
         self.tree = tree
+        self.known = known or {}
+        """Modules of the tree's package with known contents, served while a module-level value is computed."""
         self.compiled: dict[tuple[str, str], Any] = {}
+        self._computed: dict[str, dict[str, ast.Assign | ast.AnnAssign]] = {}
         self.helpers: list[str] = []
         self.nodes: list[ast.AST] = []
         """The helpers' syntax trees, to see what they read."""
@@ -354,6 +363,7 @@ class _Loader:
         top_defs = {n.name: n for n in mod.body if isinstance(n, ast.FunctionDef)}
         top_classes = {n.name: n for n in mod.body if isinstance(n, ast.ClassDef)}
         constants = _constants(mod)
+        computed = self.computed(rel, mod)
         for name in sorted({n.id for fn in fns for n in ast.walk(fn)
                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}):
             if name in namespace or hasattr(builtins, name):
@@ -364,6 +374,8 @@ class _Loader:
                 namespace[name] = self.klass(rel, mod, top_classes[name])
             elif name in constants:
                 namespace[name] = constants[name]
+            elif name in computed:
+                namespace[name] = self.value(rel, mod, computed[name])
             elif name in imports and imports[name][0].split(".")[0] == package:
                 source, attr = imports[name]
                 module = source if attr is None else f"{source}.{attr}"
@@ -384,6 +396,8 @@ class _Loader:
                     None) if mod else None
         if mod is not None and node is None and attr in (constants := _constants(mod)):
             return constants[attr]
+        if mod is not None and node is None and attr in (computed := self.computed(rel, mod)):
+            return self.value(rel, mod, computed[attr])  # type: ignore[arg-type]
         if rel is None or mod is None or node is None:
             return _missing(self.tree.label, name, module)
         return self.klass(rel, mod, node) if isinstance(node, ast.ClassDef) else self.helper(rel, mod, node)
@@ -393,12 +407,15 @@ class _Loader:
         whose body needs what kvaudit cannot load stays a placeholder."""
         key = (rel, node.name)
         if key not in self.compiled:
-            own: dict[str, Any] = {"__name__": f"kvaudit_extracted_{rel}", "__builtins__": builtins}
+            holder = types.ModuleType(f"kvaudit_extracted_{rel}")
+            own: dict[str, Any] = holder.__dict__
+            own["__builtins__"] = builtins
             self.compiled[key] = _missing(self.tree.label, node.name, rel)
             try:
                 self.bind(rel, mod, [node], own)
-                exec(compile(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])),
-                             f"{self.tree.label}:{rel}", "exec"), own)
+                with _visible_module(holder):
+                    exec(compile(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])),
+                                 f"{self.tree.label}:{rel}", "exec"), own)
             except Exception:
                 return self.compiled[key]
             self.compiled[key] = own[node.name]
@@ -426,6 +443,43 @@ class _Loader:
             else:
                 self.compiled[key] = mod
                 self.helpers.append(module)
+        return self.compiled[key]
+
+    def computed(self, rel: str, mod: ast.Module) -> dict[str, ast.Assign | ast.AnnAssign]:
+        """``_computed`` of the module file ``rel``, once per file."""
+        if rel not in self._computed:
+            self._computed[rel] = _computed(mod)
+        return self._computed[rel]
+
+    def value(self, rel: str, mod: ast.Module, node: ast.Assign | ast.AnnAssign) -> Any:
+        """A module-level name the module computes when imported (``NAME = expression``, not a literal), computed
+        as its import computes it: the expression's names bound from the same tree (its functions, classes and
+        the other such values) and the code's package served as for the allocation code (the ``known``
+        modules, placeholders for the rest), once per tree. vllm-ascend 0.27+'s
+        ``vllm_ascend/device/hardware_profile.py`` (vllm-ascend PR #13721) sets ``_CURRENT_HARDWARE_PROFILE =
+        get_hardware_profile(get_device_config()._device_type)``, and its ``device/device_config.py`` (PR #13672)
+        takes the device type from ``vllm_ascend/_build_info.py`` (``__device_type__``, written by the build for
+        its ``SOC_VERSION``), so the profile is the one of the chip the build was made for: with kvaudit's build
+        info (``releases.build_info``), an Atlas A2's (``AscendDeviceType.A2``, ascend910b1). 0.27-0.28's
+        ``quantization/utils.py`` ``enable_fa_quant`` asks it on every model (``FP8_ATTENTION`` is an A5
+        capability, as 0.20-0.26 asked ``get_ascend_device_type() != AscendDeviceType.A5``). An expression that
+        needs what kvaudit cannot load (the NPU stack, a ``_build_info`` kvaudit does not know) leaves a
+        placeholder, harmless until used."""
+        name = (node.targets[0] if isinstance(node, ast.Assign) else node.target).id  # type: ignore[union-attr]
+        key = (rel, f"{name}=")
+        if key not in self.compiled:
+            module = rel[:-3].replace("/__init__", "").replace("/", ".")
+            placeholder = self.compiled[key] = _missing(self.tree.label, name, module)  # breaks cycles
+            own: dict[str, Any] = {"__name__": f"kvaudit_extracted_{rel}", "__builtins__": builtins}
+            try:
+                self.bind(rel, mod, [node.value], own)  # type: ignore[list-item]
+                expression = ast.fix_missing_locations(ast.Expression(body=node.value))  # type: ignore[arg-type]
+                with _placeholder_package(module.split(".")[0], self.tree.label, self.known):
+                    self.compiled[key] = eval(compile(expression, f"{self.tree.label}:{rel}", "eval"), own)
+            except Exception:
+                self.compiled[key] = placeholder
+            else:
+                self.helpers.append(f"{module}.{name}")
         return self.compiled[key]
 
     def helper(self, rel: str, mod: ast.Module, fn: ast.FunctionDef) -> Any:
@@ -460,6 +514,58 @@ def _constants(mod: ast.Module) -> dict[str, Any]:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             continue
         out[target.id] = wrap(literal) if wrap else literal
+    return out
+
+
+@contextlib.contextmanager
+def _visible_module(module: types.ModuleType) -> Iterator[None]:
+    """``module`` in ``sys.modules`` while a class body runs in its namespace: ``@dataclass`` looks a string
+    annotation up in ``sys.modules[cls.__module__]`` (``dataclasses._is_type``: is it a ``ClassVar``?), and
+    class annotations are strings here (this module's ``from __future__ import annotations`` is inherited by
+    its ``compile`` calls). Without it every dataclass of the tree (vllm-ascend 0.27+'s ``DeviceConfig`` and
+    ``HardwareProfile``, ``vllm_ascend/device/``) fails to compile and stays a placeholder."""
+    saved = sys.modules.get(module.__name__)
+    sys.modules[module.__name__] = module
+    try:
+        yield
+    finally:
+        if saved is None:
+            sys.modules.pop(module.__name__, None)
+        else:
+            sys.modules[module.__name__] = saved
+
+
+def _computed(mod: ast.Module) -> dict[str, ast.Assign | ast.AnnAssign]:
+    """Module-level names bound once, by ``NAME = expression`` at the top of the module, to what is not a literal
+    (``_constants``): the statement that binds each. A name the module binds anywhere else too (under
+    ``if``/``try``, by an import, a ``def`` or a loop) or that a function declares ``global`` is left out: its
+    value at run time is not that expression's."""
+    bound: dict[str, int] = {}
+    todo: list[ast.AST] = list(mod.body)
+    while todo:  # the module's own scope: not into the bodies of functions, classes, lambdas, comprehensions
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[n.name] = bound.get(n.name, 0) + 1
+            todo.extend(n.decorator_list)
+            continue
+        if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bound[n.id] = bound.get(n.id, 0) + 1
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            for a in n.names:
+                alias = a.asname or a.name.split(".")[0]
+                bound[alias] = bound.get(alias, 0) + 1
+        todo.extend(ast.iter_child_nodes(n))
+    rebound = {g for n in ast.walk(mod) if isinstance(n, ast.Global) for g in n.names}
+    literals = _constants(mod)
+    out: dict[str, ast.Assign | ast.AnnAssign] = {}
+    for n in mod.body:
+        target = (n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else
+                  n.target if isinstance(n, ast.AnnAssign) and n.value is not None else None)
+        if isinstance(target, ast.Name) and target.id not in literals and target.id not in rebound \
+                and bound.get(target.id) == 1:
+            out[target.id] = n  # type: ignore[assignment]
     return out
 
 

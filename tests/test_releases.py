@@ -99,11 +99,83 @@ def test_a_release_is_handed_the_build_info_its_own_setup_writes(version, soc, w
     assert releases.build_info(tree) == releases.build_info(tree, "ascend910b1") and "SOC_VERSION" not in os.environ
 
 
-def test_release_code_that_needs_a_module_level_value_stops_naming_it():
-    """On a dense model 0.27-0.28 check FA quantization against a hardware profile their
-    ``device/hardware_profile.py`` computes when imported (a module-level value kvaudit does not compute):
-    exit 3 naming it, never a silent skip. (0.20-0.26 ask ``_build_info``, which kvaudit answers as the
-    release's build for ``SOC_VERSION`` writes it: see the dense control above.)"""
+HARDWARE_PROFILED = ("0.27.1rc1", "0.28.0rc1")
+"""Releases whose allocation code asks ``vllm_ascend/device/hardware_profile.py``'s hardware profile (a
+module-level value computed when it is imported, from the device type ``_build_info`` names) on every model:
+``quantization/utils.py``'s ``enable_fa_quant`` asks it before anything else (0.29+ first return ``False`` for a
+KV-cache dtype other than fp8/int8)."""
+
+
+def _sdist_or_skip(version: str) -> None:
+    """Skip where the release's sdist is not cached and cannot be fetched (no network, no index)."""
+    try:
+        releases.fetch_sdist(version)
+    except StrategyFailed as e:
+        if "could not fetch" not in e.message:
+            raise
+        pytest.skip(f"vllm-ascend {version}'s sdist is not cached and cannot be fetched here: {e.message}")
+
+
+@pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen3-next"])
+@pytest.mark.parametrize("version", HARDWARE_PROFILED)
+def test_releases_that_read_the_hardware_profile_are_audited(version, preset):
+    """0.27-0.28's code runs as on an Atlas A2 (the chip kvaudit's build info is for): the hardware profile
+    is computed from the release's own ``device/`` modules, and without the A5-only FP8_ATTENTION capability
+    no FA-quantization cache is made. Before, every dense model stopped: ``uses _CURRENT_HARDWARE_PROFILE``."""
+    from kvaudit.audit import run_audit
+    from kvaudit.meters import MetaMeter
+
+    _sdist_or_skip(version)
+    skip_unless_planned(preset)
+    s = resolve_strategy(f"vllm-ascend=={version}")
+    d = deployment(preset)
+    plan = plan_for(d, s.platform)
+    if version in LAYER_STRIDED:
+        _layers_plan_or_skip(plan)
+    r = run_audit(d, plan, s, MetaMeter())
+    assert (r.verdict.value, r.ratio) == ("PASS", 1.0)
+
+
+def test_a_release_budget_rule_that_raises_leaves_the_others_audited(capsys):
+    """vllm-ascend 0.28's worker scales the budget with ``CacheConfig.get_resolved_kv_cache_layout`` (vLLM 0.28+).
+    Planned by a vLLM without it (0.23), that release is not audited, with the reason; upstream vLLM still is."""
+    from kvaudit.cli import main
+    from conftest import VLLM_VERSION
+
+    if releases.version_key(VLLM_VERSION or "0") >= releases.version_key("0.28.0"):
+        pytest.skip("needs a vLLM older than the one vllm-ascend 0.28 pins: the rule runs there")
+    _sdist_or_skip("0.28.0rc1")
+    code = main(["llama-3.1-8b", "-s", "vllm-ascend==0.28.0rc1", "-s", "vllm", "--format", "json"])
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and [a["strategy"] for a in doc["audits"]] == ["vllm"]
+    assert "get_resolved_kv_cache_layout" in doc["skipped"][0]["reason"]
+
+
+@pytest.mark.parametrize("soc, device_type, fp8_attention", [("ascend910b1", "A2", False),
+                                                             ("ascend950pr_9599", "A5", True)])
+@pytest.mark.parametrize("version", HARDWARE_PROFILED)
+def test_the_hardware_profile_is_the_one_of_the_chip_the_build_is_for(version, soc, device_type, fp8_attention):
+    """The profile is ``_HARDWARE_PROFILES[get_device_config()._device_type]``, computed by the release's code
+    from the ``_build_info`` its own setup.py writes for ``soc``: the A2 profile for kvaudit's default chip."""
+    from kvaudit.runner_code import _Loader
+
+    _sdist_or_skip(version)
+    tree = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
+    loader = _Loader(tree, releases.build_info(tree, soc))
+    module = "vllm_ascend.device.hardware_profile"
+    profile = loader.from_tree(module, "get_current_hardware_profile", "get_current_hardware_profile")()
+    capability = loader.from_tree(module, "HardwareCapability", "HardwareCapability")
+    assert profile._device_type.name == device_type
+    assert profile.supports(capability.FP8_ATTENTION) is fp8_attention
+
+
+def test_release_code_whose_hardware_profile_cannot_be_computed_stops_naming_it(monkeypatch):
+    """For a chip the release's build refuses, nothing is known of ``_build_info``: the profile stays
+    uncomputed and the audit stops naming it (exit 3), never a silent skip or a guessed chip."""
+    _sdist_or_skip("0.28.0rc1")
+    monkeypatch.setenv("SOC_VERSION", "ascend000")
     s = resolve_strategy("vllm-ascend==0.28.0rc1")
     d = deployment("llama-3.1-8b")
     plan = plan_for(d, s.platform)

@@ -135,3 +135,86 @@ def test_extracted_code_keeps_its_source_lines_in_tracebacks(tmp_path):
         code.call(_config(), {"device": torch.device("meta")})
     frame = e.traceback[-1]
     assert str(frame.path).startswith("fakepkg 1.0:fakepkg/runner.py") and frame.lineno + 1 == 17
+
+
+PROFILED_RUNNER = '''
+import torch
+from fakepkg.utils import Capability, current_profile
+
+
+class Runner:
+    def _allocate_kv_cache_tensors(self, kv_cache_config):
+        raw = {}
+        for t in kv_cache_config.kv_cache_tensors:
+            wide = current_profile().supports(Capability.WIDE)
+            buf = torch.zeros(t.size * (2 if wide else 1), dtype=torch.int8, device=self.device)
+            for name in t.shared_by:
+                raw[name] = buf
+        return raw
+'''
+PROFILES = '''
+from dataclasses import dataclass
+from enum import Enum, auto
+from types import MappingProxyType
+
+
+class Kind(Enum):
+    SMALL = 0
+    BIG = 1
+
+
+class Capability(Enum):
+    WIDE = auto()
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    kind: Kind
+    capabilities: frozenset[Capability]
+
+    def supports(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+
+def _kind_from_build_info() -> Kind:
+    from fakepkg import _build_info
+
+    return Kind[getattr(_build_info, "__kind__", "SMALL")]
+
+
+_PROFILES = MappingProxyType({Kind.SMALL: Profile(Kind.SMALL, frozenset()),
+                              Kind.BIG: Profile(Kind.BIG, frozenset({Capability.WIDE}))})
+_CURRENT_PROFILE = _PROFILES[_kind_from_build_info()]
+
+
+def current_profile() -> Profile:
+    return _CURRENT_PROFILE
+'''
+
+
+@pytest.mark.parametrize("kind, size", [("SMALL", 64), ("BIG", 128)])
+def test_a_module_level_value_is_computed_as_its_import_computes_it(tmp_path, kind, size):
+    """vllm-ascend 0.27-0.28 read a module-level value computed at import (``device/hardware_profile.py``'s
+    ``_CURRENT_HARDWARE_PROFILE``, a frozen dataclass picked by the device type in ``_build_info``): kvaudit
+    computes it from the tree, with the known modules (what the build writes) served while it does."""
+    code = extract_allocator(_tree(tmp_path, PROFILED_RUNNER, PROFILES), "fakepkg.runner", "Runner",
+                             {"fakepkg._build_info": {"__kind__": kind}})
+    assert {"fakepkg.utils._PROFILES", "fakepkg.utils._CURRENT_PROFILE", "fakepkg.utils.Profile"} <= set(code.helpers)
+    raw = code.call(_config(), {"device": torch.device("meta")})
+    assert raw["a"] is raw["b"] and raw["a"].numel() == size
+
+
+def test_a_module_level_value_that_cannot_be_computed_is_named_when_used(tmp_path):
+    """Without the module its build writes, the value stays a placeholder: the audit stops naming it."""
+    code = extract_allocator(_tree(tmp_path, PROFILED_RUNNER, PROFILES), "fakepkg.runner", "Runner")
+    with pytest.raises(StrategyFailed, match=r"uses _CURRENT_PROFILE \(from fakepkg.utils\)"):
+        code.call(_config(), {"device": torch.device("meta")})
+
+
+def test_a_module_level_value_rebound_at_run_time_is_not_computed(tmp_path):
+    """A name a function rebinds (``global``) holds at run time what no import-time expression says."""
+    utils = PROFILES + "\n\ndef reset():\n    global _CURRENT_PROFILE\n    _CURRENT_PROFILE = None\n"
+    code = extract_allocator(_tree(tmp_path, PROFILED_RUNNER, utils), "fakepkg.runner", "Runner",
+                             {"fakepkg._build_info": {"__kind__": "BIG"}})
+    with pytest.raises(StrategyFailed, match=r"uses _CURRENT_PROFILE \(from fakepkg.utils\)"):
+        code.call(_config(), {"device": torch.device("meta")})
