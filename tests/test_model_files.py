@@ -635,7 +635,7 @@ def test_layers_follow_the_model_file(family: Family):
     if family.plan_fails:
         from kvaudit.errors import ConfigError
 
-        with pytest.raises(ConfigError, match="could not size the KV-cache pages"):  # one line, exit 2: vLLM refuses
+        with pytest.raises(ConfigError, match="could not (size the KV-cache pages|plan)"):  # one line, exit 2: vLLM refuses
             build_plan(d, "cuda")
         return
     plan = build_plan(d, "cuda")
