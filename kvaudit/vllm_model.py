@@ -8,10 +8,10 @@ weight bytes per rank (quantized layers included) are therefore vLLM's own.
 
 Building on a host with no accelerator needs stand-ins for the few places where vLLM asks the
 platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (compute
-capability 9.0; FlashAttention 3 with sinks and fp8 KV cache, FlashMLA, Triton MoE, the linear-kernel
-tables CUDA lists, no SM100-only fused GEMM, CUDA streams a model only holds); none of them changes a
-parameter shape or a KV-cache spec. They are applied only while a model is built or asked for its specs,
-and undone afterwards.
+capability 9.0; FlashAttention 3 with sinks and fp8 KV cache, FlashMLA, Triton MoE, Humming for the
+int4 / NVFP4 / DeepSeek-V4 MXFP4 MoE oracles, the linear-kernel tables CUDA lists, no SM100-only fused
+GEMM, CUDA streams a model only holds); none of them changes a parameter shape or a KV-cache spec. They
+are applied only while a model is built or asked for its specs, and undone afterwards.
 """
 
 from __future__ import annotations
@@ -243,6 +243,7 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     if mx is not None and mx_oracle is not None and hasattr(mx, "select_mxfp4_moe_backend"):
         backends = mx_oracle.Mxfp4MoeBackend
         out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (getattr(backends, MXFP4_BACKEND.get()), None)))
+    out += _quantized_moe_stand_ins()
     kernels = _optional("vllm.model_executor.kernels.linear")
     if kernels is not None:  # the linear-kernel tables: what they list for CUDA
         from vllm.platforms.interface import PlatformEnum
@@ -286,6 +287,83 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     if not torch.accelerator.is_available():  # the runner's workspace empties the device cache as it grows
         out.append((torch.accelerator, "empty_cache", lambda: None))
     return out
+
+
+_MOE_EXPERTS = "vllm.model_executor.layers.fused_moe.experts"
+
+
+def _quantized_moe_stand_ins() -> list[tuple[Any, str, Any]]:
+    """The quantized-MoE oracles' questions, answered as on Hopper.
+
+    vLLM's WNA16, NVFP4 and DeepSeek-V4 MXFP4 oracles (``fused_moe/oracle/int_wna16.py``
+    ``select_wna16_moe_backend``: compressed-tensors int4, Kimi-K2.5; ``oracle/nvfp4.py``
+    ``select_nvfp4_moe_backend``: ModelOpt NVFP4, MiniMax-M3-NVFP4; ``oracle/mxfp4.py``
+    ``select_deepseek_v4_mxfp4_moe_backend``: Kimi-K3, DeepSeek-V4) walk a priority list and take the first
+    backend whose kernel class passes ``is_supported_config``, which starts with ``_supports_current_device``.
+    On Hopper every backend ahead of Humming / Marlin in those lists is refused by capability (FlashInfer
+    TRT-LLM, CuTe-DSL, CUTLASS FP4, DeepGEMM FP4: SM100/SM120 only; FlashInfer CUTLASS: NVFP4 only on 10.0+;
+    RDNA3: ROCm gfx1100), as they are here, so only the questions Humming's and Marlin's kernels ask are
+    answered: ``is_cuda()`` (their capability checks already read ``get_device_capability``, which answers
+    9.0), whether the ``humming`` package is installed, and ``prioritize_humming``'s ``prefers_humming``
+    (Humming ahead of Marlin at capability 90). With vLLM 0.33 that picks HUMMING for all three, as an
+    H100/H200 does; releases whose lists have no Humming entry there (0.23's WNA16) pick MARLIN.
+
+    No parameter shape changes: the quant methods' ``create_weights`` size the expert parameters from the
+    layer alone (``CompressedTensorsWNA16MoEMethod``, ``ModelOptNvFp4FusedMoE``; the latter's global-scale
+    sizing ``is_global_sf_supported_for_nvfp4_backend`` is FlashInfer-only, false for Humming and Marlin
+    alike), and both kernels repack in ``process_weights_after_loading``, which kvaudit never runs. The
+    DeepSeek-V4 ``Mxfp4MoEMethod.maybe_roundup_sizes`` does pad by backend
+    (``mxfp4_round_up_hidden_size_and_intermediate_size``: Marlin intermediate to 128 and hidden to 256,
+    Humming intermediate to 64), which is why the backend chosen is Hopper's own and not just any.
+    """
+    out: list[tuple[Any, str, Any]] = []
+    priority = _optional("vllm.model_executor.layers.quantization.utils.humming.priority")
+    if priority is not None and hasattr(priority, "prefers_humming"):
+        # vllm/model_executor/layers/quantization/utils/humming/priority.py prefers_humming: with no capability
+        # given it asks current_platform.is_cuda() and the device's capability; answered for 9.0.
+        prefers = priority.prefers_humming
+        out.append((priority, "prefers_humming", lambda compute_capability=None: prefers(
+            _hopper().to_int() if compute_capability is None else compute_capability)))
+    for name in ("marlin_moe", "fused_humming_moe"):
+        # MarlinExpertsBase / HummingExpertsBase._supports_current_device: is_cuda() and capability >= 7.5. The
+        # module's other platform questions (fp8_dtype, and is_cuda() in Humming's apply) pass through.
+        m = _optional(f"{_MOE_EXPERTS}.{name}")
+        if m is not None and hasattr(m, "current_platform"):
+            out.append((m, "current_platform", _PlatformAnswering(m.current_platform, is_cuda=True)))
+    humming = _optional(f"{_MOE_EXPERTS}.fused_humming_moe")
+    if humming is not None and hasattr(humming, "has_humming") and _vllm_requires("humming"):
+        # HummingExpertsBase._supports_current_device also asks has_humming() (vllm/utils/import_utils.py):
+        # the humming-kernels wheel the installed vLLM requires on CUDA (0.33.0: humming-kernels[cu13]), which a
+        # lean CPU install leaves out.
+        out.append((humming, "has_humming", lambda: True))
+        lazy = _optional("vllm.utils.humming")
+        if _absent("humming") and lazy is not None and "_EXPORTS" in vars(lazy) \
+                and "GemmType" in vars(lazy)["_EXPORTS"] and "GemmType" not in vars(lazy):
+            # HummingExpertsBase.is_supported_config then keeps the Humming class whose humming_gemm_type()
+            # (.value.lower()) is get_humming_moe_gemm_type's choice ("indexed", or "grouped_contiguous" under
+            # expert parallelism), reading GemmType from vllm/utils/humming.py, which imports it lazily from the
+            # humming package. While a model builds that name is an enum of the three members vLLM's classes
+            # return, spelled as vLLM compares them; nothing else of humming is reached before loading.
+            import enum
+
+            gemm_type = enum.Enum("GemmType", {"INDEXED": "indexed", "GROUPED_CONTIGUOUS": "grouped_contiguous",
+                                               "GROUPED_MASKED": "grouped_masked"}, module=__name__)
+            out.append((vars(lazy), "GemmType", gemm_type))
+    return out
+
+
+def _vllm_requires(package: str) -> bool:
+    """Whether the installed vLLM distribution requires ``package`` (or a ``package-…`` wheel providing it),
+    outside its extras."""
+    import importlib.metadata
+    import re
+
+    try:
+        requires = importlib.metadata.requires("vllm") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    names = [re.match(r"[A-Za-z0-9._-]*", r).group(0).lower() for r in requires if "extra ==" not in r]
+    return any(n == package or n.startswith(package + "-") for n in names)
 
 
 class _PlatformAnswering:

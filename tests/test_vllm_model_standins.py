@@ -203,3 +203,189 @@ def test_the_stand_ins_are_undone_after_a_build(tmp_path):
             assert getattr(torch.cuda, name).__module__ == "torch.cuda.streams"
     act = _vllm_module("vllm.model_executor.layers.activation")
     assert act.GeluAndMulSparse.__init__.__module__ == act.__name__
+
+
+# --- quantized MoE backends: the WNA16, NVFP4 and DeepSeek-V4 MXFP4 oracles, as on Hopper -------------------
+
+KIMI_K2_5 = ROOT / "fixtures" / "architectures" / "moonshotai--Kimi-K2.5"
+"""moonshotai/Kimi-K2.5's config.json: compressed-tensors int4 (group 32, symmetric) routed experts."""
+MINIMAX_M3_NVFP4 = ROOT / "fixtures" / "architectures" / "nvidia--MiniMax-M3-NVFP4"
+"""nvidia/MiniMax-M3-NVFP4's config.json and hf_quant_config.json: ModelOpt NVFP4 routed experts."""
+KIMI_K3 = ROOT / "fixtures" / "architectures" / "moonshotai--Kimi-K3"
+"""moonshotai/Kimi-K3's config.json: compressed-tensors MXFP4 routed experts (the DeepSeek-V4 MXFP4 method)."""
+
+_MOE_BACKEND_SELECTORS = {
+    # the quant method's module, the oracle function it imports by name
+    "wna16": ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+              "compressed_tensors_moe_wna16", "select_wna16_moe_backend"),
+    "nvfp4": ("vllm.model_executor.layers.quantization.modelopt", "select_nvfp4_moe_backend"),
+    "mxfp4": ("vllm.model_executor.layers.quantization.mxfp4", "select_deepseek_v4_mxfp4_moe_backend"),
+}
+
+
+def _big_model(folder, architecture: str):
+    if not (folder / "config.json").is_file():
+        pytest.skip(f"{folder.relative_to(ROOT)} is not in this checkout")
+    from kvaudit import vllm_model
+
+    if architecture not in vllm_model._modules().registry.ModelRegistry.get_supported_archs():
+        pytest.skip(f"vLLM {VLLM_VERSION} has no {architecture}")
+    return folder
+
+
+def _kimi_k2_5():
+    if VLLM_VERSION != PRIMARY_VLLM:
+        pytest.skip(f"vLLM {VLLM_VERSION}'s Kimi-K2.5 wrapper refuses kvaudit's hybrid KV-cache setting when it "
+                    "re-validates the config")
+    return _big_model(KIMI_K2_5, "KimiK25ForConditionalGeneration")
+
+
+def _backends_chosen(monkeypatch, kind: str) -> Counter:
+    """The MoE backends vLLM's oracle returns while the next model builds (afresh), by name."""
+    from kvaudit import vllm_model
+
+    module, name = _MOE_BACKEND_SELECTORS[kind]
+    try:
+        m = _vllm_module(module)
+    except ImportError:
+        pytest.skip(f"vLLM {VLLM_VERSION} has no {module}")
+    if not hasattr(m, name):
+        pytest.skip(f"vLLM {VLLM_VERSION}'s {module} has no {name}")
+    chosen: Counter = Counter()
+    select = getattr(m, name)
+
+    def record(*args, **kwargs):
+        backend, experts = select(*args, **kwargs)
+        chosen[backend.name] += 1
+        return backend, experts
+
+    monkeypatch.setattr(m, name, record)
+    monkeypatch.setattr(vllm_model, "_BUILT", {})
+    return chosen
+
+
+def _deploy(folder, tp: int, pp: int = 1):
+    from kvaudit.plan import build_plan, make_deployment
+    from kvaudit.spec import load_model_spec
+
+    d = make_deployment(load_model_spec(folder), tp=tp, pp=pp, gpu_memory_utilization=0.9, max_model_len=4096,
+                        device="h200-141g", overhead_bytes=2 << 30)
+    return d, build_plan(d, "cuda")
+
+
+def _hopper_moe_backend() -> str:
+    """HUMMING where vLLM ranks it ahead of Marlin at capability 9.0 (``prioritize_humming``), else MARLIN."""
+    try:
+        _vllm_module("vllm.model_executor.layers.quantization.utils.humming.priority")
+    except ImportError:
+        return "MARLIN"
+    return "HUMMING"
+
+
+def _without_quantized_moe_stand_ins(monkeypatch, names=("current_platform", "has_humming", "prefers_humming",
+                                                           "GemmType")) -> None:
+    """Build afresh without the stand-ins kvaudit/vllm_model.py ``_quantized_moe_stand_ins`` lists (those named)."""
+    from kvaudit import vllm_model
+
+    ours = {(id(o), n) for o, n, _v in vllm_model._quantized_moe_stand_ins()}
+    _without(monkeypatch, lambda obj, name: (id(obj), name) in ours and name in names)
+
+
+def _routed_expert_bytes(layers: int, experts: int, hidden: int, intermediate: int, tp: int,
+                         bits_per_weight: float) -> int:
+    """Bytes of the routed experts' gate, up and down weights and their block scales on one TP rank."""
+    return int(layers * experts * 3 * hidden * intermediate // tp * bits_per_weight / 8)
+
+
+def test_kimi_k2_5_plans_with_the_hopper_wna16_moe_backend(monkeypatch):
+    """int4 group-32 experts at TP 8: vLLM's WNA16 oracle picks Humming on Hopper (Marlin where it lists no
+    Humming); rank 0 holds its eighth of the 60 MoE layers' 384 experts (4 bits + a bf16 scale per 32 weights:
+    ~71.3 GB, so ~570.7 GB of the ~595 GB checkpoint) plus the attention, shared experts and vision tower."""
+    folder = _kimi_k2_5()
+    chosen = _backends_chosen(monkeypatch, "wna16")
+    d, plan = _deploy(folder, tp=8)
+    assert chosen == {_hopper_moe_backend(): 60}
+    experts = _routed_expert_bytes(60, 384, 7168, 2048, 8, 4 + 16 / 32)
+    assert experts < d.weights_bytes < experts + (6 << 30)
+    assert _specs(plan) == {"MLAAttentionSpec": 61}
+
+
+def test_kimi_k2_5_needs_the_quantized_moe_stand_ins(tmp_path, monkeypatch):
+    """Marlin and Humming ask ``current_platform.is_cuda()``; with no answer no WNA16 backend is left."""
+    folder = _kimi_k2_5()
+    _without_quantized_moe_stand_ins(monkeypatch, names=("current_platform",))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="No WNA16 MoE backend supports"):
+        _deploy(folder, tp=8)
+
+
+def test_kimi_k2_5_picks_humming_only_as_hopper_ranks_it(monkeypatch):
+    """Without the capability-9.0 answer to ``prefers_humming`` Marlin stays ahead of Humming (what vLLM does
+    on an A100 or Blackwell); the experts' parameters are the same either way (both repack after loading)."""
+    folder = _kimi_k2_5()
+    if _hopper_moe_backend() != "HUMMING":
+        pytest.skip(f"vLLM {VLLM_VERSION} ranks no Humming WNA16 backend")
+    _without_quantized_moe_stand_ins(monkeypatch, names=("prefers_humming",))
+    chosen = _backends_chosen(monkeypatch, "wna16")
+    _deploy(folder, tp=8)
+    assert chosen == {"MARLIN": 60}
+
+
+def test_minimax_m3_nvfp4_plans_with_the_hopper_nvfp4_moe_backend(monkeypatch):
+    """NVFP4 experts at TP 8: every FlashInfer / CUTLASS FP4 kernel wants SM100+, so Hopper runs Humming; rank 0
+    holds its eighth of the 57 MoE layers' 128 experts (4 bits + an fp8 scale per 16 weights: ~29 GB)."""
+    folder = _big_model(MINIMAX_M3_NVFP4, "MiniMaxM3SparseForConditionalGeneration")
+    chosen = _backends_chosen(monkeypatch, "nvfp4")
+    d, _plan = _deploy(folder, tp=8)
+    assert chosen == {_hopper_moe_backend(): 57}
+    experts = _routed_expert_bytes(57, 128, 6144, 3072, 8, 4 + 8 / 16)
+    assert experts < d.weights_bytes < experts + (4 << 30)
+
+
+def test_minimax_m3_nvfp4_needs_the_quantized_moe_stand_ins(monkeypatch):
+    folder = _big_model(MINIMAX_M3_NVFP4, "MiniMaxM3SparseForConditionalGeneration")
+    _without_quantized_moe_stand_ins(monkeypatch, names=("current_platform",))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="No NvFp4 MoE backend supports"):
+        _deploy(folder, tp=8)
+
+
+def test_kimi_k3_plans_with_the_hopper_mxfp4_moe_backend(monkeypatch):
+    """MXFP4 experts (latent width 3584) at TP 8 and PP 2 (some 1.5 TB of weights: 16 H200s): Hopper runs
+    Humming, which pads the expert widths only to 64 (``mxfp4_round_up_hidden_size_and_intermediate_size``);
+    each stage holds its 46 of the 92 MoE layers' 896 experts (4 bits + an e8m0 scale per 32 weights)."""
+    folder = _big_model(KIMI_K3, "KimiK3ForConditionalGeneration")
+    chosen = _backends_chosen(monkeypatch, "mxfp4")
+    d, plan = _deploy(folder, tp=8, pp=2)
+    assert chosen == {"HUMMING": 92}
+    experts = _routed_expert_bytes(46, 896, 3584, 3072, 8, 4 + 8 / 32)
+    assert experts < d.weights_bytes < experts + (16 << 30)
+    assert sum(_specs(plan).values()) > 0
+
+
+def test_kimi_k3_needs_the_quantized_moe_stand_ins(monkeypatch):
+    folder = _big_model(KIMI_K3, "KimiK3ForConditionalGeneration")
+    _without_quantized_moe_stand_ins(monkeypatch, names=("current_platform",))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="No MXFP4 MoE backend supports"):
+        _deploy(folder, tp=8)
+
+
+def test_humming_is_chosen_without_importing_it(monkeypatch):
+    """A lean install has no humming package: vLLM's lazy GemmType is the stand-in's while a model builds, and
+    without it the Humming kernel check imports humming."""
+    import importlib.util
+
+    if importlib.util.find_spec("humming") is not None:
+        pytest.skip("humming is installed: vLLM's own GemmType answers")
+    folder = _kimi_k2_5()
+    if _hopper_moe_backend() != "HUMMING":
+        pytest.skip(f"vLLM {VLLM_VERSION} ranks no Humming WNA16 backend")
+    _without_quantized_moe_stand_ins(monkeypatch, names=("GemmType",))
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="No module named 'humming'"):
+        _deploy(folder, tp=8)
