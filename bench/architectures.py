@@ -7,7 +7,8 @@
 For each folder of ``fixtures/architectures`` (a public Hugging Face ``config.json``, its ``SOURCE`` beside it) it runs
 ``kvaudit plan --model FOLDER --format json`` in this process (``kvaudit.cli.main``: vLLM is imported once) with the
 defaults (TP 1 on the default device). Where the weights leave no memory for the KV cache, or too little for one request of the default
-max_model_len, it raises the TP (2, 4, 8, 16), then takes the largest device preset (``h200-141g``) at TP 8 and 16; the row names the TP and device used.
+max_model_len, it raises the TP (2, 4, 8, 16), then takes the largest device preset (``h200-141g``) at TP 8 and 16, then
+TP 8 × PP 2 there; the row names the TP, PP and device used (the figures are the first stage's).
 It prints one row per folder:
 
 - the architecture (``architectures[0]``) and where vLLM's registry lists it (``reg``: T text generation,
@@ -122,9 +123,10 @@ def summarise(doc: dict) -> dict:
 
 def attempts():
     for tp in TP_STEPS:
-        yield tp, None
+        yield tp, None, 1
     for tp in BIG_DEVICE_TPS:
-        yield tp, BIG_DEVICE
+        yield tp, BIG_DEVICE, 1
+    yield BIG_DEVICE_TPS[0], BIG_DEVICE, 2  # two pipeline stages: each holds half the layers
 
 
 def bench(folder: Path) -> dict:
@@ -133,14 +135,16 @@ def bench(folder: Path) -> dict:
            "tp": 1, "device": None, "reason": "", "specs": "", "kv_layers": None, "weights_gib": None}
     start = time.monotonic()
     try:
-        for tp, device in attempts():
+        for tp, device, pp in attempts():
             argv = ["plan", "--model", str(folder.relative_to(ROOT)), "--format", "json"]
             if tp != 1:
                 argv += ["--tp", str(tp)]
+            if pp != 1:
+                argv += ["--pp", str(pp)]
             if device:
                 argv += ["--device", device]
             rc, out, err = run_cli(argv)
-            row.update(tp=tp, device=device)
+            row.update(tp=tp, device=device, pp=pp)
             if rc == 0:
                 row.update(status="served", reason="", **summarise(json.loads(out)))
                 break
@@ -164,7 +168,7 @@ def bench(folder: Path) -> dict:
 
 def print_row(r: dict) -> None:
     weights = f"{r['weights_gib']:.2f}" if r.get("weights_gib") is not None else "—"
-    where = f"tp{r['tp']}" + (f"@{r['device']}" if r.get("device") else "")
+    where = f"tp{r['tp']}" + (f"pp{r['pp']}" if r.get("pp", 1) != 1 else "") + (f"@{r['device']}" if r.get("device") else "")
     what = r["specs"] if r["status"] == "served" else r["reason"]
     kv = r["kv_layers"] if r.get("kv_layers") is not None else "—"
     print(f"{r['folder']:<48} {r['architecture']:<40} {r['registry']:<3} {r['status']:<9} {where:<14} "
