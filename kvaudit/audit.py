@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from kvaudit.accounting import Attribution, StorageRecorder, attribute
 from kvaudit.deployment import Deployment
-from kvaudit.errors import ConfigError, KvauditError, MeterUnavailable, NotAuditable, StrategyFailed
+from kvaudit.errors import ConfigError, KvauditError, MeterUnavailable, NotAuditable, StrategyFailed, first_line
 from kvaudit.meters import Meter
 from kvaudit.oom import is_out_of_memory, parse_oom
 from kvaudit.results import (DEFAULT_TOLERANCE, AuditResult, DeviceOom, GroupRow, KVPlan, LayerRow, MemoryReading,
@@ -62,10 +62,6 @@ def _as_dry_run(recorder: StorageRecorder, attr: Attribution) -> DryRun:
                   tuple(attr.storage_layers.get(e.key, ()) for e in recorder.events))
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def _allocate(strategy: Strategy, plan: KVPlan, device: Any, kv_transfer: bool) -> dict:
     """Run the strategy; an allocator out of memory becomes ``_OutOfMemory`` with the frames that
     held its partial allocation cleared, any other error exit 3."""
@@ -75,8 +71,8 @@ def _allocate(strategy: Strategy, plan: KVPlan, device: Any, kv_transfer: bool) 
         raise
     except Exception as e:  # the strategy is foreign code: every error is reported, never a traceback
         if not is_out_of_memory(e):
-            raise StrategyFailed(f"strategy {strategy.name!r} raised {type(e).__name__}: {_first_line(e)}") from None
-        message = _first_line(e)
+            raise StrategyFailed(f"strategy {strategy.name!r} raised {type(e).__name__}: {first_line(e)}") from None
+        message = first_line(e)
         traceback.clear_frames(e.__traceback__)  # free what the strategy had allocated
     raise _OutOfMemory(message)
 

@@ -42,6 +42,12 @@ class MissingDependency(KvauditError):
     exit_code = 3
 
 
+def first_line(e: BaseException, limit: int | None = None) -> str:
+    """An exception's message as one line (its first), at most ``limit`` characters; its type's name when it has
+    none: for reasons quoted from code kvaudit does not own (vLLM, a release, a plugin, torch_npu)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+
+
 _WHY = {
     "torch": "kvaudit allocates with torch (install the serving environment's torch, or a CPU wheel from "
              "https://download.pytorch.org/whl/cpu)",

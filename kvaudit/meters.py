@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
-from kvaudit.errors import MeterUnavailable, UsageError
+from kvaudit.errors import MeterUnavailable, UsageError, first_line
 from kvaudit.results import MemoryReading, Snapshot
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # see accounting.py
@@ -252,8 +252,7 @@ def _load_npu() -> Any:
     try:
         importlib.import_module("torch_npu")
     except Exception as e:  # torch_npu without CANN raises ImportError (libhccl.so) or RuntimeError
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise RuntimeError(f"torch_npu is installed but failed to import: {first}") from None
+        raise RuntimeError(f"torch_npu is installed but failed to import: {first_line(e)}") from None
     if not hasattr(torch, "npu"):
         raise RuntimeError("torch_npu imported but registered no torch.npu module")
     return torch.npu

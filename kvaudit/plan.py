@@ -259,7 +259,7 @@ def _as_device(d: Deployment) -> Iterator[None]:
     cls = type(current_platform)
     dev = DEVICES.get(d.device)
     memory = d.device_memory_bytes
-    if version_key(d.vllm_version or vllm_version() or "0") < version_key(LARGEST_TIER_FROM):
+    if version_key(emulated_release(d)) < version_key(LARGEST_TIER_FROM):
         memory = min(memory, LARGEST_TIER_BYTES - 1)  # to an older vLLM such a device is one of ≥ 70 GiB
     with contextlib.ExitStack() as stack:
         for name, value in (("get_device_total_memory", memory), ("get_device_name", dev.title if dev else "")):
@@ -353,7 +353,7 @@ def mxfp4_backend(d: Deployment) -> str:
     A100) and, on Hopper, in releases before ``MARLIN_MXFP4_BEFORE``. Marlin pads the expert widths (intermediate
     to 128, hidden to 256), which "Model loading took" counts."""
     dev = DEVICES.get(d.device)
-    old = version_key(d.vllm_version or vllm_version() or "0") < version_key(MARLIN_MXFP4_BEFORE)
+    old = version_key(emulated_release(d)) < version_key(MARLIN_MXFP4_BEFORE)
     return "MARLIN" if (dev is not None and dev.capability < (9, 0)) or old else "TRITON"
 
 
@@ -368,7 +368,7 @@ def _hybrid_prefix_caching(d: Deployment, vc: Any) -> bool | None:
     (off before ``HYBRID_PREFIX_CACHING_FROM``, on from it); ``None`` where they agree or an option set it."""
     if d.enable_prefix_caching is not None or not vc.model_config.is_hybrid:
         return None
-    wanted = version_key(d.vllm_version or vllm_version() or "0") >= version_key(HYBRID_PREFIX_CACHING_FROM)
+    wanted = version_key(emulated_release(d)) >= version_key(HYBRID_PREFIX_CACHING_FROM)
     return wanted if bool(vc.cache_config.enable_prefix_caching) != wanted else None
 
 
@@ -731,7 +731,7 @@ def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:
            "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
            "mamba_cache_mode": getattr(vc.cache_config, "mamba_cache_mode", None)}
     dev = DEVICES.get(d.device)
-    release = d.vllm_version or vllm_version()
+    release = emulated_release(d)
     batch = (f"vLLM {release}'s default for {SERVE_DEFAULTS[d.usage_context]} on a device of "
              f"{fmt_bytes(d.device_memory_bytes)}" + (f" ({dev.title})" if dev else "") + " (EngineArgs.get_batch_defaults)")
     model = f"vLLM {release}'s default for this model (EngineArgs.create_engine_config)"

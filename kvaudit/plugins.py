@@ -18,7 +18,7 @@ import importlib.metadata
 import inspect
 from typing import Any, Callable
 
-from kvaudit.errors import StrategyFailed, UsageError
+from kvaudit.errors import StrategyFailed, UsageError, first_line
 from kvaudit.results import KVPlan
 from kvaudit.strategy import RawTensors, Strategy
 
@@ -42,7 +42,7 @@ def from_entry_point(name: str) -> Strategy | None:
         obj = ep.load()
     except Exception as e:  # a broken plugin is reported, never a traceback
         raise StrategyFailed(f"plugin {name!r} (entry point {ep.value}) raised {type(e).__name__} while "
-                             f"loading: {_first_line(e)}") from None
+                             f"loading: {first_line(e)}") from None
     return adapt(obj, name, f"entry point {ep.value}")
 
 
@@ -56,10 +56,10 @@ def from_import_path(path: str) -> Strategy:
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise UsageError(f"strategy {path!r}: no module named {e.name!r}") from None
-        raise StrategyFailed(f"strategy {path!r}: importing {module_name} failed: {_first_line(e)}") from None
+        raise StrategyFailed(f"strategy {path!r}: importing {module_name} failed: {first_line(e)}") from None
     except Exception as e:
         raise StrategyFailed(f"strategy {path!r}: importing {module_name} raised {type(e).__name__}: "
-                             f"{_first_line(e)}") from None
+                             f"{first_line(e)}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -118,7 +118,3 @@ def _config(fn: Callable, plan: KVPlan) -> Any:
 
     return vllm_objects(plan, f"a plugin written against vLLM's KVCacheConfig "
                               f"({getattr(fn, '__qualname__', fn)})")[0]
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

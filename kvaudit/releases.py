@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError, NotAuditable, StrategyFailed, UsageError
+from kvaudit.errors import KvauditError, NotAuditable, StrategyFailed, UsageError, first_line
 from kvaudit.results import KVPlan
 from kvaudit.runner_code import (Extracted, SourceTree, class_literals, extract_allocator, extract_method,
                                  installed_tree, run_extracted, stand_in)
@@ -316,10 +316,9 @@ def kv_budget_rule(tree: SourceTree, label: str, built: dict[str, dict[str, Any]
         except KvauditError:
             raise
         except Exception as e:  # the release's code, written for the vLLM it pins: this strategy is not audited
-            line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             from kvaudit.plan import vllm_version
 
-            raise StrategyFailed(f"{who} raised {type(e).__name__}: {line} (the release pins vLLM "
+            raise StrategyFailed(f"{who} raised {type(e).__name__}: {first_line(e, 300)} (the release pins vLLM "
                                  f"{pinned or 'unknown'}; planned by vLLM {vllm_version() or 'unknown'})") from None
 
     return KVBudget(who, scale)

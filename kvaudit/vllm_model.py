@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from kvaudit.errors import ConfigError, KvauditError
+from kvaudit.errors import ConfigError, KvauditError, first_line
 
 
 MXFP4_BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("MXFP4_BACKEND", default="TRITON")
@@ -65,7 +65,7 @@ class BuiltModel:
             raise
         except Exception as e:  # vLLM's layers on the user's config
             raise ConfigError(f"vLLM's {self.architecture} could not give its KV-cache specs for this deployment: "
-                              f"{type(e).__name__}: {_first_line(e)}") from None
+                              f"{type(e).__name__}: {first_line(e, 300)}") from None
 
 
 class _Modules:
@@ -556,7 +556,7 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
         raise
     except Exception as e:  # vLLM's model code on the user's config (a ZeroDivisionError on odd sizes, too)
         raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
-                          f"{_first_line(e)}") from None
+                          f"{first_line(e, 300)}") from None
     built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),
                        _tp=tp, _pp=pp, _pp_rank=pp_rank)
     _BUILT[key] = built
@@ -581,10 +581,6 @@ def _storage_bytes(models: list[Any]) -> int:
             st = t.untyped_storage()
             seen[st._cdata] = st.nbytes()
     return sum(seen.values())
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def cache_key(*parts: Any) -> str:
