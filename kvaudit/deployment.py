@@ -200,7 +200,7 @@ def load_model(preset: str | None, config: str | None, revision: str | None = No
                trust_remote_code: bool = False) -> tuple[ModelSpec, Preset | None]:
     """The model spec of a preset or of a model as vLLM takes one (a Hub id at ``revision``, a model folder, a
     config.json: ``kvaudit.hub.locate``), exactly one of the two, and the preset if one was named."""
-    from kvaudit.hub import is_hub_id, locate
+    from kvaudit.hub import locate, names_hub_model
 
     if (config is None) == (preset is None):
         raise UsageError("give exactly one of --model (a Hub id, a model folder or a config.json) or --preset NAME "
@@ -210,10 +210,9 @@ def load_model(preset: str | None, config: str | None, revision: str | None = No
         if revision is not None:
             raise UsageError(f"--revision names a Hub revision; {preset} is a shipped preset")
         return load_preset_spec(p), p
-    path = locate(config, revision, trust_remote_code)
-    hub = is_hub_id(config) and not Path(config).expanduser().exists()
-    name = (config + (f"@{revision}" if revision else "")) if hub else None
-    return load_model_spec(path, name=name, trust_remote_code=trust_remote_code), None
+    name = (config + (f"@{revision}" if revision else "")) if names_hub_model(config) else None
+    return load_model_spec(locate(config, revision, trust_remote_code), name=name,
+                           trust_remote_code=trust_remote_code), None
 
 
 @dataclass(frozen=True)

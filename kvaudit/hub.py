@@ -39,11 +39,16 @@ def is_hub_id(ref: str) -> bool:
     return bool(_HUB_ID.match(ref)) and not ref.endswith(".json") and ".." not in ref
 
 
+def names_hub_model(ref: str) -> bool:
+    """Whether ``ref`` names a Hub model: it reads as a Hub id and no local path has that name (as vLLM decides)."""
+    return is_hub_id(ref) and not Path(ref).expanduser().exists()
+
+
 def locate(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> Path:
     """The ``config.json`` that ``ref`` names: a local file or folder as given, else the Hub id's cached
     snapshot (fetched where the Hub can be reached). Bad input is a one-line ``ConfigError`` (exit 2)."""
-    path = Path(ref).expanduser()
-    if path.exists() or not is_hub_id(ref):
+    if not names_hub_model(ref):
+        path = Path(ref).expanduser()
         if revision is not None:
             raise UsageError(f"--revision {revision} names a Hub revision; {ref} is a local path")
         return path / "config.json" if path.is_dir() else path
