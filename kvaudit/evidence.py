@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvaudit.commands import Launch, command_words, expand, read_call, read_words, split
 from kvaudit.errors import UsageError
 from kvaudit.oom import parse_oom
 
@@ -224,44 +225,20 @@ _ENGINE_KEYS = {
 }
 _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((?P<d>.*)\)")
-_ARG_KEYS = {
-    "model": ("model", str), "model_tag": ("model", str), "tensor_parallel_size": ("tp", int),
-    "pipeline_parallel_size": ("pp", int), "data_parallel_size": ("dp", int), "max_model_len": ("max_model_len", int),
-    "gpu_memory_utilization": ("gpu_memory_utilization", float), "kv_cache_dtype": ("kv_cache_dtype", str),
-    "dtype": ("dtype", str), "block_size": ("block_size", int), "kv_cache_memory_bytes": ("kv_cache_memory", int),
-    "enforce_eager": ("enforce_eager", lambda v: v == "True"), "max_num_seqs": ("max_num_seqs", int),
-}
-_DICT_ARGS = {key: re.compile(rf"'{key}': (?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
-_NAMESPACE_ARGS = {key: re.compile(rf"\b{key}=(?P<v>'[^']*'|[\w.+-]+)") for key in _ARG_KEYS}
-_CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
+_CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|(?:[\w.-]+/)?vllm-(?:openai|ascend)(?::\S+)?(?=\s+-)|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
                   r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
 _FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
 """A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
-_VALUELESS = {"trust-remote-code", "enforce-eager", "enable-reasoning", "enable-prefix-caching", "no-enable-prefix-caching",
-              "enable-chunked-prefill", "disable-log-requests", "disable-log-stats", "enable-expert-parallel",
-              "enable-auto-tool-choice", "disable-custom-all-reduce", "async-scheduling", "headless"}
-"""Flags of ``vllm serve`` that take no value: the token after one may be the model."""
-_CMD_FLAGS = {
-    "tensor-parallel-size": ("tp", int), "tp": ("tp", int), "pipeline-parallel-size": ("pp", int),
-    "pp": ("pp", int), "data-parallel-size": ("dp", int), "dp": ("dp", int),
-    "max-model-len": ("max_model_len", int), "gpu-memory-utilization": ("gpu_memory_utilization", float),
-    "kv-cache-dtype": ("kv_cache_dtype", str), "dtype": ("dtype", str), "model": ("model", str),
-    "block-size": ("block_size", int), "kv-cache-memory": ("kv_cache_memory", int),
-    "max-num-seqs": ("max_num_seqs", int), "max-num-batched-tokens": ("max_num_batched_tokens", int),
-}
+_ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+)?[A-Z][A-Z0-9_]*ARGS\s*[=:]\s*(?P<rest>["']?\s*--[a-z].*)$""")
+"""An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
+``- VLLM_ARGS=...``)."""
 _LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
-_LLM_KEYS = {"tensor_parallel_size": ("tp", int), "pipeline_parallel_size": ("pp", int),
-             "data_parallel_size": ("dp", int), "gpu_memory_utilization": ("gpu_memory_utilization", float),
-             "max_model_len": ("max_model_len", int), "kv_cache_dtype": ("kv_cache_dtype", str),
-             "dtype": ("dtype", str), "enforce_eager": ("enforce_eager", lambda v: v == "True"),
-             "max_num_seqs": ("max_num_seqs", int)}
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
                      r"""(?P<v>"[^"]*"|'[^']*'|\$\(\([^)]*\)\)|[^\s;&|]+)""")
 _ARITHMETIC = re.compile(r"^\$\(\(\s*(?P<a>\d{1,18})\s*(?P<op>[*+-])\s*(?P<b>\d{1,18})\s*\)\)$")
 """Shell arithmetic in an assignment: ``max_model_len=$((85 * 1024))``."""
 _IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
 _SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
-_VAR = re.compile(r"\$\{(?P<a>[A-Za-z_]\w*)\}|\$(?P<b>[A-Za-z_]\w*)")
 _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
 _MODEL_MENTION = re.compile(r"(?<![\w/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
@@ -525,26 +502,32 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                 if m := rx.search(line):
                     ev.add(key, conv(m["v"]), n, line)  # (digit runs bounded by the patterns)
         if "non-default args" in low and (m := _ARGS.search(line)):
-            _keyword_args(ev, n, line, m["d"], _DICT_ARGS)
+            _read_launch(ev, n, line, read_call(m["d"], {}), add=True)
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
-            _keyword_args(ev, n, line, m["d"], _NAMESPACE_ARGS)
-        if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low)
-                and (m := _CMD.search(line)) or "--" in line and
-                (m := _FLAGS_LINE.search(line))) and not _continues(lines, n):
-            parts, k = [_expand(m["rest"], variables).rstrip()], n
+            _read_launch(ev, n, line, read_call("Namespace(" + m["d"] + ")", {}), add=True)
+        if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low
+             or "vllm-openai" in low) and (m := _CMD.search(line)) or "--" in line and
+                (m := _FLAGS_LINE.search(line) or _ARGS_VAR.search(line))) and not _continues(lines, n):
+            parts, k = [m["rest"].rstrip()], n
             while parts[-1].endswith("\\") and k < len(lines):  # a command continued with "\"
                 parts[-1] = parts[-1][:-1]
-                parts.append(_expand(lines[k], variables).rstrip())
+                parts.append(lines[k].rstrip())
                 k += 1
-            facts = _command_line(" ".join(parts), bare=m.re is _FLAGS_LINE)
-            if facts:
-                commands.append(_Command(n, line, facts, _outcome(lines, n, k)))
+            words = split(expand(" ".join(parts), variables))
+            if m.re is _ARGS_VAR:  # the variable's value, unquoted, is the argument list
+                words = [w for quoted in words for w in split(quoted)]
+            launch = read_words(command_words(words))
+            _read_launch(ev, n, line, launch)
+            if launch.facts:
+                commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
         elif ("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) and frame is None:
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
                     and not _FRAME.search(lines[k]) and not _TRACEBACK.search(lines[k]):
-                call, k = call + " " + lines[k], k + 1
-            commands.append(_Command(n, line, _llm_call(call, variables), _outcome(lines, n, k)))
+                call, k = call + "\n" + lines[k], k + 1
+            launch = read_call(call, variables)
+            _read_launch(ev, n, line, launch)
+            commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
         if "model" in low or "模型" in line:
             for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
                 if m := rx.search(line):
@@ -704,77 +687,19 @@ def _shell_value(text: str) -> str:
     return text.strip("'\"")
 
 
-def _expand(text: str, variables: dict[str, str]) -> str:
-    """Shell variables set earlier in the paste, expanded (unknown ones are left as they are)."""
-    return _VAR.sub(lambda m: variables.get(m["a"] or m["b"], m.group(0)), text)
-
-
-def _keyword_args(ev: Evidence, n: int, line: str, text: str, patterns: dict[str, re.Pattern]) -> None:
-    for key, (fact, conv) in _ARG_KEYS.items():
-        m = patterns[key].search(text)
-        if m and m["v"] != "None":
-            try:
-                ev.add(fact, conv(m["v"].strip("'")), n, line)
-            except (ValueError, OverflowError):
-                pass
-
-
 def _continues(lines: list[str], n: int) -> bool:
     """Whether line ``n`` continues a command begun above it (the previous line ends with a backslash)."""
     return n >= 2 and lines[n - 2].rstrip().endswith("\\")
 
 
-def _command_line(rest: str, bare: bool = False) -> list[tuple[str, Any]]:
-    """What a ``vllm serve`` / api_server / benchmark command line sets; ``bare`` flags pasted alone."""
-    tokens = re.findall(r"""'[^']*'|"[^"]*"|[^\s`]+""", rest)
-    found: list[tuple[str, Any]] = []
-    for i, tok in enumerate(tokens):  # the model: the first word that is not a flag or a flag's value
-        if bare or tok.startswith("\\"):
-            break
-        prev = tokens[i - 1] if i else ""
-        if not tok.startswith("-") and (not prev.startswith("-") or "=" in prev or prev.lstrip("-") in _VALUELESS):
-            found.append(("model", tok.strip("'\"")))
-            break
-    connector = None
-    for i, tok in enumerate(tokens):
-        if not tok.startswith("-"):
-            continue
-        flag, _, value = tok.lstrip("-").partition("=")
-        if not value and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
-            value = tokens[i + 1]
-        flag = flag.replace("_", "-")
-        if flag == "kv-transfer-config" and connector is None:
-            connector = re.search(r"""kv_connector['"]?\s*:\s*['"](?P<v>\w+)""", rest) or False
-            if connector:
-                found.append(("kv_connector", connector["v"]))
-        if flag == "enforce-eager":
-            found.append(("enforce_eager", True))
-        if flag in _CMD_FLAGS and value:
-            fact, conv = _CMD_FLAGS[flag]
-            try:
-                found.append((fact, conv(value.strip("'\""))))
-            except (ValueError, OverflowError):
-                pass
-    return found
-
-
-def _llm_call(call: str, variables: dict[str, str]) -> list[tuple[str, Any]]:
-    """What an ``LLM(model=..., tensor_parallel_size=...)`` call in a Python reproducer sets."""
-    found: list[tuple[str, Any]] = []
-    m = re.match(r"""\w+\(\s*(?:model\s*=\s*)?(?P<q>["'])(?P<v>[^"']+)(?P=q)""", call) or \
-        re.search(r"""\bmodel\s*=\s*(?P<q>["'])(?P<v>[^"']+)(?P=q)""", call)
-    if m:
-        found.append(("model", m["v"]))
-    elif (m := re.match(r"\w+\(\s*(?:model\s*=\s*)?(?P<v>[A-Za-z_]\w*)\s*[,)]", call) or
-          re.search(r"\bmodel\s*=\s*(?P<v>[A-Za-z_]\w*)\s*[,)]", call)) and m["v"] in variables:
-        found.append(("model", variables[m["v"]]))
-    for key, (fact, conv) in _LLM_KEYS.items():
-        if m := re.search(rf"\b{key}\s*=\s*(?P<v>\.?[\w.]+)", call):
-            try:
-                found.append((fact, conv(m["v"])))
-            except (ValueError, OverflowError):
-                pass
-    return found
+def _read_launch(ev: Evidence, n: int, line: str, launch: Launch, add: bool = False) -> None:
+    """Record which parser read a launch and what it did not take; ``add``: its facts are the deployment's (a
+    logged ``non-default args`` line, not a launch that may be another than the failing one)."""
+    ev.add("launch_parser", launch.parser, n, line)
+    for flag in launch.unread:
+        ev.add("unread_flag", flag, n, line)
+    for key, value in launch.facts if add else ():
+        ev.add(key, value, n, line)
 
 
 def _outcome(lines: list[str], first: int, last: int) -> str | None:

@@ -121,12 +121,15 @@ def test_pasted_in_other_shapes_the_triage_is_the_same(mangle):
     assert t.deployment["tensor parallel size"].value == 4
 
 
-def test_parsing_imports_neither_torch_nor_vllm():
+def test_log_lines_are_read_without_torch_or_vllm():
+    """Only a launch needs vLLM (its parser): a log without one is read by kvaudit alone."""
+    log = REPORTS / "ascend-0.13-qwen3-next-oom.log"
     code = ("import sys; from kvaudit.evidence import clean_lines, extract; "
-            f"ev = extract(clean_lines(open({str(REPORTS / 'ascend-0.13-qwen3-next-oom.log')!r}).read())); "
-            "print(len(ev) > 10, [m for m in ('torch', 'vllm') if m in sys.modules])")
+            f"lines = [l for l in clean_lines(open({str(log)!r}).read()) if 'vllm serve' not in l and '--' not in l]; "
+            "ev = extract(lines); print(len(ev) > 10, any('vLLM' in f.value for f in ev.all('launch_parser')), "
+            "[m for m in ('torch', 'vllm') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True []"
+    assert out.strip() == "True False []"
 
 
 def test_the_report_is_never_executed(tmp_path):

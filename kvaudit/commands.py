@@ -1,0 +1,361 @@
+"""Launches in a report read as vLLM reads them: a command line split as a shell splits it, then parsed by the
+installed vLLM's own parser (``FlexibleArgumentParser`` with ``EngineArgs.add_cli_args``: every flag, ``=`` forms,
+underscores, aliases such as ``-tp``, JSON flags, human-readable sizes); ``LLM(...)``/``EngineArgs(...)`` keyword
+arguments, ``non-default args: {...}`` and ``args: Namespace(...)`` read through Python's ``ast``, never executed.
+
+Where vLLM is not installed, a small reader of kvaudit's own takes the common flags, and says so (``Launch.parser``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib.util
+import io
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+FACTS: dict[str, str] = {
+    "model": "model", "model_tag": "model", "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
+    "data_parallel_size": "dp", "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype", "block_size": "block_size",
+    "kv_cache_memory_bytes": "kv_cache_memory", "kv_cache_memory": "kv_cache_memory", "enforce_eager": "enforce_eager",
+    "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+    "kv_transfer_config": "kv_connector", "cpu_offload_gb": "cpu_offload_gb", "swap_space": "swap_space",
+    "quantization": "quantization", "enable_expert_parallel": "enable_expert_parallel",
+}
+"""vLLM's engine-argument names (the parser's ``dest``, ``EngineArgs`` fields) and the facts kvaudit takes from them."""
+_KINDS: dict[str, type] = {"tp": int, "pp": int, "dp": int, "max_model_len": int, "block_size": int, "max_num_seqs": int,
+                           "max_num_batched_tokens": int, "kv_cache_memory": int, "gpu_memory_utilization": float,
+                           "cpu_offload_gb": float, "swap_space": float, "enforce_eager": bool,
+                           "enable_expert_parallel": bool}
+"""The type each fact has, whichever reader found it."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one launch sets, as a parser read it."""
+
+    facts: tuple[tuple[str, Any], ...]
+    unread: tuple[str, ...] = ()
+    """Flags the parser did not take: another vLLM's, or a value it refused (an unexpanded ``$TP``)."""
+    parser: str = ""
+    """Which parser read it: ``vLLM 0.33.0's engine-argument parser`` or kvaudit's own reader."""
+
+
+# --- shell words ------------------------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\{(?P<a>[A-Za-z_]\w*)(?::?-(?P<d>[^}]*))?\}|\$(?P<b>[A-Za-z_]\w*)")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """Shell variables set earlier in the paste expanded (``${X:-default}`` too); unknown ones are left as they are."""
+    def one(m: re.Match) -> str:
+        name = m["a"] or m["b"]
+        if name in variables:
+            return variables[name]
+        return m["d"] if m["d"] is not None else m.group(0)
+    return _VAR.sub(one, text)
+
+
+def split(text: str) -> list[str]:
+    """Words as a POSIX shell splits them (quotes, backslashes, ``#`` comments); a paste with an unbalanced quote
+    is split at blanks instead."""
+    try:
+        lex = shlex.shlex(text, posix=True, punctuation_chars=False)
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        return list(lex)
+    except ValueError:
+        return text.split()
+
+
+_SHELL_STOP = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "2>", "1>", "&>", "&>>", "|&"}
+
+
+def command_words(words: list[str]) -> list[str]:
+    """The words of one command: up to a pipe, ``;``, ``&&`` or a redirection (``... 2>&1 | tee log``)."""
+    out: list[str] = []
+    for w in words:
+        if w in _SHELL_STOP or w.startswith(("2>", ">", "1>", "&>")) or w.endswith(";") and not w.startswith("-"):
+            if w.endswith(";") and w not in _SHELL_STOP:
+                out.append(w[:-1])
+            break
+        out.append(w)
+    return out
+
+
+# --- vLLM's parser ----------------------------------------------------------------------------------
+
+
+_UNSET = object()
+"""What an engine argument the words did not give holds after parsing."""
+
+
+class _Refused(Exception):
+    """argparse refused the words (a value of the wrong type, a missing value)."""
+
+
+_PARSER: list[Any] = []
+
+
+def _vllm_parser() -> Any:
+    """The installed vLLM's engine-argument parser (built once), or ``None`` where vLLM is not installed or its
+    parser cannot be built here."""
+    if _PARSER:
+        return _PARSER[0]
+    parser = None
+    with contextlib.suppress(Exception):  # (a finder that hides vLLM raises ModuleNotFoundError)
+        if importlib.util.find_spec("vllm") is not None:
+            parser = _build_parser()
+    _PARSER.append(parser)
+    return parser
+
+
+def _build_parser() -> Any:
+    from kvaudit.plan import quiet_vllm, vllm_version
+    from kvaudit.vllm_model import declare_torchvision_ops
+
+    with quiet_vllm(), contextlib.redirect_stderr(io.StringIO()):
+        declare_torchvision_ops()
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.platforms import current_platform
+        try:
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+        except ImportError:  # vLLM before 0.11 kept it in vllm.utils
+            from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined, no-redef]
+
+        class _Parser(FlexibleArgumentParser):  # type: ignore[misc, valid-type]
+            """vLLM's parser that hands back what it does not know, and raises where argparse would exit."""
+
+            def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+                namespace, extra = super().parse_known_args(args, namespace)
+                self.extra = extra
+                return namespace, []
+
+            def error(self, message):  # type: ignore[override]
+                raise _Refused(message)
+
+            def exit(self, status=0, message=None):  # type: ignore[override]
+                raise _Refused(message or f"exit {status}")
+
+        cls = type(current_platform)
+        unset = not getattr(current_platform, "device_type", "")
+        if unset:  # DeviceConfig's default asks the platform for a device type: none on a host without one
+            cls.device_type = "cpu"
+        try:
+            parser = _Parser(prog="vllm serve", add_help=False)
+            parser.add_argument("model_tag", nargs="?", default=None)
+            EngineArgs.add_cli_args(parser)
+            parser.defaults = vars(parser.parse_args([]))
+        finally:
+            if unset:
+                cls.device_type = ""
+    parser.label = f"vLLM {vllm_version()}'s engine-argument parser"
+    return parser
+
+
+def parser_name() -> str | None:
+    """Which vLLM parser reads launches here, or ``None`` (kvaudit's own reader then)."""
+    p = _vllm_parser()
+    return p.label if p is not None else None
+
+
+def read_words(words: list[str]) -> Launch:
+    """What a launch's words after the program (``vllm serve``'s, the api_server's) set: parsed by vLLM's parser,
+    each flag it does not take left as evidence; kvaudit's reader where vLLM is not installed."""
+    p = _vllm_parser()
+    if p is None:
+        return _own_reading(words)
+    from kvaudit.plan import quiet_vllm
+
+    unread: list[str] = []
+    words = list(words)
+    for i in reversed(range(len(words))):  # a config file is on the reporter's machine, not in the report
+        if words[i] == "--config" or words[i].startswith("--config="):
+            end = i + 1 if "=" in words[i] else i + 2
+            unread.append(f"{' '.join(words[i:end])} (a config file the report does not hold)")
+            del words[i:end]
+    for _ in range(64):  # each round drops one flag argparse refused
+        try:
+            given = argparse.Namespace(**dict.fromkeys(p.defaults, _UNSET))  # argparse keeps what it finds set
+            with quiet_vllm(), contextlib.redirect_stderr(io.StringIO()):
+                ns = p.parse_args(words, given)
+            break
+        except _Refused as e:
+            bad = _refused_flag(str(e), words)
+            if bad is None:
+                return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({e})",), p.label)
+            unread.append(f"{' '.join(words[bad[0]:bad[1]])} ({str(e)[:100]})")
+            del words[bad[0]:bad[1]]
+        except Exception as e:  # noqa: BLE001 - vLLM's own validation of a value (a JSON flag that is no JSON)
+            return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({type(e).__name__}: {e})",), p.label)
+    else:
+        return Launch((), tuple(unread), p.label)
+    extra = list(getattr(p, "extra", []))
+    facts: list[tuple[str, Any]] = []
+    for dest, value in vars(ns).items():
+        if dest in FACTS and value is not _UNSET and value is not None:
+            fact = _fact(FACTS[dest], value)
+            if fact is not None:
+                facts.append(fact)
+    if ns.model_tag in (None, _UNSET) and extra and not extra[0].startswith("-"):
+        facts.append(("model", extra.pop(0)))  # a model after flags that take none
+    unread += [w for w in extra if w.startswith("-")]
+    return Launch(tuple(facts), tuple(unread), p.label)
+
+
+def _refused_flag(message: str, words: list[str]) -> tuple[int, int] | None:
+    """The span of words (the flag and its value) argparse's message names: ``argument --tensor-parallel-size/-tp:
+    invalid int value: '$TP'``."""
+    m = re.match(r"argument (?P<flags>[^:]+):", message)
+    if not m:
+        return None
+    names = set(m["flags"].split("/"))
+    for i, w in enumerate(words):
+        flag = w.split("=", 1)[0]
+        if flag in names or flag.replace("_", "-") in names:
+            end = i + 1 if "=" in w or i + 1 >= len(words) or words[i + 1].startswith("-") else i + 2
+            return i, end
+    return None
+
+
+def _fact(key: str, value: Any) -> tuple[str, Any] | None:
+    """A parsed engine argument as a fact: a KV-transfer config as its connector's name, numbers as numbers."""
+    if key == "kv_connector":
+        name = getattr(value, "kv_connector", None) or (value.get("kv_connector") if isinstance(value, dict) else None)
+        return ("kv_connector", str(name)) if name else None
+    kind = _KINDS.get(key)
+    try:
+        if kind is bool:
+            return key, value if isinstance(value, bool) else str(value).lower() in ("true", "1")
+        if kind is int:
+            return (key, int(value)) if not isinstance(value, bool) and float(value) == int(float(value)) else None
+        if kind is float:
+            return key, float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return key, str(value)
+
+
+# --- kvaudit's own reader, where vLLM is not installed --------------------------------------------------
+
+_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size"}
+_VALUELESS = {"trust-remote-code", "enforce-eager", "enable-prefix-caching", "no-enable-prefix-caching",
+              "enable-chunked-prefill", "disable-log-requests", "disable-log-stats", "enable-expert-parallel",
+              "enable-auto-tool-choice", "disable-custom-all-reduce", "async-scheduling", "headless"}
+
+
+def _own_reading(words: list[str]) -> Launch:
+    facts: list[tuple[str, Any]] = []
+    unread: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("-"):
+            if not any(k == "model" for k, _ in facts):
+                facts.append(("model", w))
+            i += 1
+            continue
+        flag, eq, value = w.lstrip("-").partition("=")
+        flag = _ALIASES.get(flag, flag.replace("_", "-"))
+        if not eq and flag not in _VALUELESS and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value, i = words[i + 1], i + 1
+        i += 1
+        dest = flag.replace("-", "_")
+        if dest == "enforce_eager":
+            facts.append(("enforce_eager", True))
+        elif dest == "kv_transfer_config":
+            with contextlib.suppress(ValueError, AttributeError):
+                connector = json.loads(value).get("kv_connector")
+                if connector:
+                    facts.append(("kv_connector", str(connector)))
+        elif dest in FACTS and value:
+            fact = _fact(FACTS[dest], _human(value))
+            if fact is not None:
+                facts.append(fact)
+            else:
+                unread.append(f"--{flag} {value}")
+    return Launch(tuple(facts), tuple(unread), "kvaudit's own flag reader (vLLM is not installed here)")
+
+
+def _human(value: str) -> Any:
+    """``32k``/``1M`` as vLLM's ``human_readable_int`` reads them (decimal ``k``/``m``/``g``, binary ``K``/``M``/``G``)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if not m:
+        return value
+    unit = m[2]
+    power = "kmgt".index(unit.lower()) + 1
+    return int(float(m[1]) * ((1000 if unit.islower() else 1024) ** power))
+
+
+# --- Python: LLM(...), non-default args, Namespace ---------------------------------------------------
+
+
+def _literal(node: ast.AST, variables: dict[str, str]) -> Any:
+    """A node's value where it is a literal, or a name the paste assigned; else ``None``. Nothing is executed."""
+    if isinstance(node, ast.Name):
+        return variables.get(node.id)
+    if isinstance(node, ast.Call):  # KVTransferConfig(kv_connector="...") in a reproducer or a logged dict
+        return {k.arg: _literal(k.value, variables) for k in node.keywords if k.arg}
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def parse_python(text: str) -> ast.AST | None:
+    """``text`` as a Python expression (a call, a dict), cut back to its longest prefix that parses."""
+    text = text.strip()
+    for end in _closing(text):
+        try:
+            return ast.parse(text[:end], mode="eval").body
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+    return None
+
+
+def _closing(text: str) -> list[int]:
+    """Ends of the text where its brackets balance (the call's own close first), outside string literals."""
+    depth, quote, out = 0, "", []
+    for i, c in enumerate(text[:20000]):
+        if quote:
+            if c == quote and text[i - 1] != "\\":
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                out.append(i + 1)
+                break
+    return out
+
+
+def read_call(text: str, variables: dict[str, str]) -> Launch:
+    """What ``LLM(...)``, ``EngineArgs(...)``, ``Namespace(...)`` or a ``{...}`` of engine arguments sets."""
+    node = parse_python(text)
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(node, ast.Call):
+        if node.args:
+            pairs.append(("model", _literal(node.args[0], variables)))
+        pairs += [(k.arg, _literal(k.value, variables)) for k in node.keywords if k.arg]
+    elif isinstance(node, ast.Dict):
+        pairs += [(_literal(k, variables), _literal(v, variables)) for k, v in zip(node.keys, node.values) if k]
+    facts: list[tuple[str, Any]] = []
+    unread: list[str] = []
+    for name, value in pairs:
+        if not isinstance(name, str) or name not in FACTS or value is None:
+            continue
+        fact = _fact(FACTS[name], value)
+        if fact is None:
+            unread.append(f"{name}={value!r}")
+        else:
+            facts.append(fact)
+    return Launch(tuple(facts), tuple(unread), "Python's ast (keyword arguments, never executed)")
