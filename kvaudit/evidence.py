@@ -23,17 +23,18 @@ from typing import Any
 
 from kvaudit.commands import Launch, command_words, expand, read_call, read_words, split
 from kvaudit.errors import UsageError
+from kvaudit.failures import failures
 from kvaudit.oom import parse_oom
 
 MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""
 GiB = 1 << 30
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|(?<![\w\]])\[[0-9;]{1,12}m")
+_ANSI = re.compile(r"(?:\x1b|#033)\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|(?<![\w\]])\[[0-9;]{1,12}m")
 _NUM = r"-?[0-9]{1,18}(?:\.[0-9]{1,18})?"
 """A number as logs print it; longer digit runs are no figure (and would overflow a float, or pass Python's
 4,300-digit limit for integers)."""
-_VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
+_VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
 """A release version as people write it: 0.8.5, 0.11.0rc3, 0.9.2.post1, 0.14.0rc2.dev119+g52aa9c0."""
 
 
@@ -163,7 +164,8 @@ def clean_lines(text: str) -> list[str]:
     return [_ANSI.sub("", line[:MAX_LINE]) for line in text.split("\n")]
 
 
-_REPORT_WORDS = re.compile(r"out of memory|\boom\b|vllm|\bnpu\b|\bgpu\b|cuda|ascend|traceback|显存|内存不足",
+_REPORT_WORDS = re.compile(r"out of memory|\boom\b|vllm|\bnpu\b|\bgpu\b|cuda|ascend|traceback|显存|内存|npu-smi|nvidia-smi|"
+                           r"\b910[BC]\d?\b|\bnccl\b|\bhccl\b|\bdriver\b|驱动|killed|sigkill|memory|error|报错|failed",
                            re.IGNORECASE)
 
 
@@ -209,7 +211,8 @@ _IMAGE_VLLM = re.compile(rf"vllm-openai:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE
 _GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|ver\.?)*"
 _PROSE_ASCEND = re.compile(rf"vllm[-_ ]?ascend{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend){_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
-_BARE_VERSION = re.compile(r"(?<![\w.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:rc[0-9]+)?(?:\.post[0-9]+)?)(?![\w.])")
+_BARE_VERSION = re.compile(r"(?<![A-Za-z0-9_.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?)(?![A-Za-z0-9_]|\.\d)")
+"""A bare release in prose or a title ("[0.2.7]", "0.18.0版本", "v0.8.4.rc2"): vLLM's and vllm-ascend's are 0.x."""
 
 _ENGINE = re.compile(r"(?:Initializing an? (?:V[01] )?LLM engine|Dumping input data for V1 LLM engine).*with config:")
 _ENGINE_KEYS = {
@@ -297,7 +300,8 @@ _SIMPLE = [
     ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda"),
     ("kv_capacity_error", re.compile(r"No available memory for the cache blocks|To serve at least one request with the "
                                      r"models?'s max seq len|is larger than the maximum number of tokens that can be "
-                                     r"stored in KV cache|Insufficient memory for KV cache"), lambda m: m.group(0)),
+                                     r"stored in KV cache|Insufficient memory for KV cache|exceeds available Mamba cache blocks"),
+     lambda m: m.group(0)),
     ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), _gib),
     ("available_kv", re.compile(rf"larger than the available KV cache memory \((?P<v>{_NUM}) Gi?B\)"),
      _gib),
@@ -326,6 +330,24 @@ _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memo
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
+                     r"constant\w*)?\s*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)[^.\n]{0,40}?"
+                     r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*)|memory leak|leaks? memory|"
+                     r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
+                     r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
+"""Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
+_SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
+                          r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
+                          r"[^.\n]{0,60}?(?:\boom\b|out of memory|显存不足|爆显存)|"
+                          r"(?:\boom\b|out of memory)[^.\n]{0,40}?(?:when|while|during|after) (?:serving|inference|"
+                          r"(?:sending |processing )?requests?|running (?:the )?benchmark)", re.IGNORECASE)
+"""The reporter saying the device ran out while the server answered requests ("test latency with input 20 000, service
+shows oom")."""
+_EXCEPTION = re.compile(r"(?:^|[\]>|]\s*|\s)(?P<v>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|:?\s*$)")
+"""The line a traceback ends in (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``), by Python's naming of
+exception classes."""
+_LOG_PREFIX = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|^\s*\[?(?:pip3?|conda)\]?\s")
+"""A line a program printed (a log record, a package list), not a sentence of the reporter's."""
 _NPU_SMI_CHIP = re.compile(
     r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|\s*\d+\s+\d+\s*/\s*\d+\s+"
     r"(?P<used>\d{1,18})\s*/\s*(?P<total>\d{1,18})\s*\|")
@@ -394,7 +416,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ("attention block size",),
     ("max model len",), ("desired gpu",), ("x gpu_memory_utilization",), ("memory profiling results",),
     ("kv_connector",), ("connector with name",), ("platform plugin",), ("detected platform",),
-    ("no available memory", "to serve at least", "stored in kv cache", "insufficient memory"), ("is needed",),
+    ("no available memory", "to serve at least", "stored in kv cache", "insufficient memory", "mamba cache blocks"), ("is needed",),
     ("larger than the available",), ("estimated maximum",), ("max seq len (",), ("stored in kv cache",),
     ("throughput", "post /v1", "startup complete"), ("captur",), ("captur",),
     ("npu", "ascend", "昇腾", "910"), ("cuda", "nvidia", "geforce", "090", "a10", "a800", "a6000", "h100", "h20", "h800",
@@ -471,6 +493,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         first = next((i for i, line in enumerate(lines) if line.strip()), None)
         if first is not None and reads_like_title(lines[first]):
             _title(ev, first + 1, lines[first])
+    title_line = next((f.line for f in ev.all("title")), -1)
     frames: list[tuple[int, str]] = []
     tracebacks: list[int] = []
     commands: list[_Command] = []
@@ -486,6 +509,13 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         frame = _FRAME.search(line) if 'file "' in low else None
         if "vllm" in low or "torch" in low or "version" in low:
             _versions(ev, n, line, frame is not None)
+        prose = frame is None and not _LOG_PREFIX.match(line)
+        if "0." in line and prose and n != title_line:
+            _release_claims(ev, n, line)
+        if prose and _GROWTH.search(line):
+            ev.add("memory_growth", True, n, line)
+        if prose and ("oom" in low or "out of memory" in low or "显存" in line) and _SERVING_OOM.search(line):
+            ev.add("serving_oom", True, n, line)
         if pip_show and (m := _PIP_SHOW_VERSION.search(line)):
             ev.add("vllm_ascend_version" if "ascend" in pip_show else "vllm_version", m["v"], n, line)
             pip_show = None
@@ -544,6 +574,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if "on startup" in low and (m := _FREE_ON_STARTUP.search(line)):
             ev.add("startup_free", round(float(m["free"]) * GiB), n, line)
             ev.add("device_memory", round(float(m["total"]) * GiB), n, line)
+        if ("error" in low or "exception" in low) and frame is None and (m := _EXCEPTION.search(line)):
+            ev.add("exception", m["v"], n, line)
         if "traceback" in low and _TRACEBACK.search(line):
             tracebacks.append(n)
         if frame is not None:
@@ -570,6 +602,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
         ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
     _launches(ev, commands, lines)
+    for kind, what, n in failures(lines):
+        ev.add("outside", (kind, what), n, lines[n - 1])
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
         phase = _phase(frames, oom.line)
         if phase is not None:
@@ -633,6 +667,7 @@ def _title(ev: Evidence, n: int, title: str) -> None:
     if not named.facts and (found := list(_BARE_VERSION.finditer(text))):
         ev.add("title_version", found[-1]["v"], n, text)
     ev.add("title", text, n, text)
+    _release_claims(ev, n, text)
     if n == 0:
         for facts in named.facts.values():
             for f in facts:
@@ -646,6 +681,7 @@ _VERSION_WORDS = (("server version",), ("llm engine (v",), ("vllm version",), ("
 
 
 def _versions(ev: Evidence, n: int, line: str, is_frame: bool = False) -> None:
+    line = re.sub(r"(?<=\d)\.rc(?=\d)", "rc", line)  # "v0.8.4.rc2" is 0.8.4rc2
     low = line.lower()
     listing = low.lstrip().startswith(("vllm", "torch", "[pip", "[conda"))  # pip list / conda list / collect_env
     for rx in _ASCEND_VERSION:
@@ -677,6 +713,61 @@ def _versions(ev: Evidence, n: int, line: str, is_frame: bool = False) -> None:
         ev.add("platform", "ascend", n, line)
     elif "vllm" in low and (found := list(_PROSE_VLLM.finditer(line))) and not _CMD.search(line):
         ev.add("vllm_prose", found[-1]["v"], n, line)
+
+
+_CLAUSE = re.compile(r"[,，;；。()（）\[\]!?！？：]|\.\s|\s(?:but|while|whereas|however|then|and now|yet)\s|但是?|而|可是|却",
+                     re.IGNORECASE)
+_CLAUSE_WORKS = re.compile(r"\b(?:works?|worked|working|fine|ok|okay|succe\w*|normal(?:ly)?|no (?:errors?|problems?|issues?|"
+                           r"oom)|without (?:errors?|problems?|issues?|oom)|can (?:load|run|start|serve))\b|正常|成功|没问题|"
+                           r"可以|能跑|能用|能拉", re.IGNORECASE)
+_CLAUSE_FAILS = re.compile(r"\b(?:ooms?|out of memory|errors?|fail\w*|crash\w*|cannot|can't|unable|broken|regression)\b|"
+                           r"报错|失败|不能|无法|不行|显存不足|爆显存", re.IGNORECASE)
+_MORE_THAN = re.compile(rf"v?(?P<a>{_VER})\b[^,，;。\n]{{0,40}}?\b(?:needs?|uses?|takes?|requires?|consumes?|occupies)"
+                        rf"\s+(?:much\s+|far\s+)?more (?:gpu |npu |device )?memory than\b[^,，;。\n]{{0,20}}?v?"
+                        rf"(?P<b>{_VER})", re.IGNORECASE)
+_UPGRADE = re.compile(rf"\bfrom\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<a>{_VER})\s+to\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?"
+                      rf"(?P<b>{_VER})|升级到\s*v?(?P<c>{_VER})", re.IGNORECASE)
+_SINCE = re.compile(rf"\b(?:since|starting (?:from|with)|from)\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<v>{_VER})\s*(?:on)?\s*[,，]",
+                    re.IGNORECASE)
+_PREVIOUS_WORKED = re.compile(r"(?:work\w*|fine|ok)\b[^.\n]{0,30}?\b(?:previous|older|earlier|last) (?:versions?|releases?)|"
+                              r"(?:previous|older|earlier) (?:versions?|releases?)[^.\n]{0,20}?\b(?:work\w*|fine|ok)\b|"
+                              r"之前的?版本.{0,6}?(?:正常|可以|没问题)", re.IGNORECASE)
+
+
+def _release_claims(ev: Evidence, n: int, text: str) -> None:
+    """Releases a sentence says work or fail ("OOM in 0.8.3 (ok in 0.7.2)", "v0.6.4 needs more memory than v0.6.3",
+    "works well in vllm 0.2.6 but run out of memory using 0.2.7", "from 0.7.3 to 0.8.2"): each clause's release
+    takes the clause's own word, else the sentence's."""
+    if m := _MORE_THAN.search(text):
+        ev.add("release_fails", m["a"].replace(".rc", "rc"), n, text)
+        ev.add("release_works", m["b"].replace(".rc", "rc"), n, text)
+        return
+    if _PREVIOUS_WORKED.search(text):
+        ev.add("previous_worked", True, n, text)
+    sentence_fails = _CLAUSE_FAILS.search(_CLAUSE_WORKS.sub(" ", text)) is not None
+    if (m := _SINCE.search(text)) and sentence_fails:  # "Since vLLM 0.2.5, we can't even run ...": earlier ones did
+        ev.add("release_fails", m["v"].replace(".rc", "rc"), n, text)
+        ev.add("previous_worked", True, n, text)
+        return
+    if (m := _UPGRADE.search(text)) and sentence_fails:
+        if m["a"]:
+            ev.add("release_works", m["a"].replace(".rc", "rc"), n, text)
+        ev.add("release_fails", (m["b"] or m["c"]).replace(".rc", "rc"), n, text)
+        return
+    claims: list[tuple[str, str | None]] = []
+    for clause in _CLAUSE.split(text):
+        if not clause:
+            continue
+        found = [m["v"] for m in _BARE_VERSION.finditer(clause)]
+        works = _CLAUSE_WORKS.search(clause) is not None
+        fails = _CLAUSE_FAILS.search(_CLAUSE_WORKS.sub(" ", clause)) is not None  # "no error" is no failure
+        claims += [(v.replace(".rc", "rc"), "works" if works and not fails else "fails" if fails and not works else None)
+                   for v in found]
+    said = {c for _, c in claims}
+    if said >= {"works", "fails"} or said == {"fails"} and "previous_worked" in ev.facts:
+        for version, claim in claims:
+            if claim is not None:
+                ev.add(f"release_{claim}", version, n, text)
 
 
 def _shell_value(text: str) -> str:

@@ -22,15 +22,22 @@ from kvaudit.escape import md, md_code
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.spec import ModelSpec
 from kvaudit.units import fmt_bytes
+from kvaudit.versions import version_key
 
 SCHEMA_VERSION = 1
 OVER_ALLOCATION = "allocator-over-allocation"
 MISMATCH = "allocator-mismatch"
 MATCHES_PLAN = "allocation-matches-plan"
 INSUFFICIENT = "insufficient-information"
+PLAN_NOT_INVOLVED = "plan-not-involved"
+"""The failure is not the device running out of memory: the host's memory, the collective library, the driver, or a
+crash that is no memory error at all. vLLM's device-memory plan is not involved."""
 
 CAUSES = {
     "budget-too-small-for-max-model-len": "the KV budget cannot hold one request of the max model length",
+    "no-room-for-kv-cache": "the weights and the profile run's activations fill the utilization's share of the "
+                            "device, leaving no KV budget",
+    "budget-too-small-for-max-num-seqs": "the KV budget holds fewer Mamba states than --max-num-seqs sequences",
     "another-process": "another process holds device memory outside vLLM's profile",
     "graph-capture": "CUDA/ACL graph capture, after the KV cache was allocated",
     "activations-while-serving": "activations while serving requests, outside the KV cache",
@@ -39,6 +46,11 @@ CAUSES = {
     "budget-did-not-fit": "the KV budget itself did not fit the device when allocated",
     "utilization-too-high": "the utilization leaves no room for memory vLLM's profile does not see",
     "device-selection": "CUDA_VISIBLE_DEVICES was set after torch was imported, so it selected nothing",
+    "memory-growth": "device memory grows while serving (a leak, or fragmentation), outside the plan",
+    "default-changed": "what changed between the release that worked and the one that fails",
+    "host-memory": "the host's memory (RAM) ran out, not the device's",
+    "collective-library": "the collective library (NCCL/HCCL) failed",
+    "driver": "the driver or the device runtime failed",
     "not-out-of-memory": "the report shows no out-of-memory error",
     "unknown": "no phase or figure in the report points at a cause",
 }
@@ -238,8 +250,14 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
 
 
 def _release(ev: Evidence, platform: str | None, values: dict[str, Sourced]) -> str | None:
-    vllm = ev.first("vllm_version", "vllm_image", "vllm_prose")
-    ascend = ev.first("vllm_ascend_version", "vllm_ascend_image", "vllm_ascend_prose")
+    vllm = ev.first("vllm_version", "vllm_image")
+    ascend = ev.first("vllm_ascend_version", "vllm_ascend_image")
+    fails = ev.first("release_fails")  # "OOM in 0.8.3 (ok in 0.7.2)": the release that fails is the one to triage
+    if platform == "ascend":
+        ascend = ascend or fails or ev.first("vllm_ascend_prose")
+        vllm = vllm or ev.first("vllm_prose")
+    else:
+        vllm = vllm or fails or ev.first("vllm_prose")
     title = ev.first("title_version")
     if platform == "ascend" and ascend is None and title is not None:
         ascend = title  # "[Bug]: 0.13.0 qwen3-next-80b oom" in the vllm-ascend tracker
@@ -408,6 +426,9 @@ def triage(text: str, config: str | None = None, title: str | None = None,
                          "give the issue's text, startup log or traceback")
     values, missing, inputs = reconstruct(ev, config)
     evidence = _evidence_lines(ev)
+    outside = _outside(ev, values, evidence)
+    if outside is not None:
+        return outside
     if inputs.spec is None:
         return _without_plan(ev, values, inputs, evidence, missing)
     from kvaudit.plan import vllm_version
@@ -427,6 +448,66 @@ def triage(text: str, config: str | None = None, title: str | None = None,
         if not inputs.family_of:
             _derived_memory(values, d, ev)
         return _conclude(ev, d, values, inputs, evidence, missing, tolerance)
+
+
+def _device_ran_out(ev: Evidence) -> bool:
+    """Whether the report shows the device's memory running out, or vLLM refusing for lack of it."""
+    return (ev.first("oom", "kv_capacity_error", "memory_growth", "serving_oom") is not None
+            or any(f.value <= 0 for f in ev.all("available_kv")))
+
+
+def release_pair(ev: Evidence) -> tuple[str | None, str] | None:
+    """(the release that worked, the one that fails) where the report says both, or that earlier ones worked (then
+    ``None`` for the first)."""
+    fails = ev.first("release_fails")
+    if fails is None:
+        return None
+    works = [f for f in ev.all("release_works") if version_key(f.value) < version_key(fails.value)]
+    if works:
+        return works[0].value, fails.value
+    return (None, fails.value) if ev.first("previous_worked") else None
+
+
+def _changes(ev: Evidence) -> list[Any]:
+    """The changes of memory use between the release the report says worked and the one that fails."""
+    from kvaudit.changes import between, since_before
+
+    pair = release_pair(ev)
+    if pair is None:
+        return []
+    works, fails = pair
+    return between(works, fails) if works else since_before(fails)
+
+
+def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> Triage | None:
+    """A failure that is not the device running out (``kvaudit.failures``: the host's memory, NCCL/HCCL, the
+    driver; or an error that is no memory error at all): the plan is not involved, and what is, said plainly."""
+    from kvaudit.failures import ACTIONS, DRIVER, HOST, WHAT_IS, blames_driver
+
+    if _device_ran_out(ev):
+        return None
+    changed = bool(_changes(ev))
+    found = [f for f in ev.all("outside")  # a SIGKILL where a release change explains more memory: no host finding
+             if not (changed and f.value[0] == HOST and f.value[1].startswith("kernel"))]
+    title = ev.first("title")
+    errors = ev.all("exception")
+    if found:
+        f = found[0]
+        kind, what = f.value
+        cause_text = f"{WHAT_IS[kind]} ({what}: {_where(f, 140)})"
+    elif title is not None and blames_driver(title.value) and not changed:
+        kind, f = DRIVER, title
+        cause_text = f"the reporter suspects the driver ({_where(title, 140)}) and no line shows the device running out"
+    elif errors and ev.first("oom_mentioned") is None and not changed:
+        kind, f = "not-out-of-memory", errors[-1]
+        cause_text = f"the error is no memory error: {_where(f, 160)}"
+    else:
+        return None
+    shown = {k: v for k, v in values.items() if v.value is not None}
+    action = ACTIONS.get(kind, "Fix the error the traceback ends in; the KV cache plan and its allocation play no part.")
+    return Triage(PLAN_NOT_INVOLVED, None, f"Not a device out-of-memory failure, so vLLM's KV-cache plan and its "
+                  f"allocator are not involved: {cause_text}.", tuple(evidence), shown, actions=(action,),
+                  cause=kind, phase=phase_of(ev))
 
 
 def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
@@ -783,7 +864,42 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     other = ev.first("other_process")
     kept = ev.first("not_released")
     startup = ev.first("startup_free")
-    if ev.first("kv_capacity_error") is not None:
+    capacity = ev.first("kv_capacity_error")
+    changes = _changes(ev)
+    pair = release_pair(ev)
+    over_device = weights is not None and T and weights[0] > T
+    over_share = weights is not None and T and u and weights[0] > u * T
+    if changes and pair is not None:
+        c = changes[-1]
+        cause = c.cause
+        text = (f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
+                f"({_where(ev.first('release_fails'), 100)}): from {c.release} on, {c.what} ({c.source})."  # type: ignore[arg-type]
+                + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
+                    f"{x.release}: {x.what}" for x in changes[:-1]) + "."))
+        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
+    elif capacity is not None and "Mamba cache blocks" in capacity.text:
+        cause = "budget-too-small-for-max-num-seqs"
+        text = f"vLLM refused to start because {CAUSES[cause]} ({_where(capacity, 120)})."
+        actions.append("Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory "
+                       "(a higher `--gpu-memory-utilization`, a larger TP).")
+    elif capacity is not None and (A is not None and A <= 0 or "No available memory" in capacity.text
+                                   or "Insufficient memory" in capacity.text):
+        cause = "no-room-for-kv-cache"
+        share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
+        text = (f"vLLM refused to start because {CAUSES[cause]} ({share}"
+                + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
+                + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
+        actions.append("Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "
+                       "`--tensor-parallel-size`, a smaller or quantized model, or a smaller profile batch "
+                       "(`--max-num-batched-tokens`, `--max-num-seqs`).")
+        if A is not None and A <= 0 and T:
+            rec_u = round(u + (-A + (2 << 30)) / T, 2)  # the shortfall and 2 GiB of KV cache
+            if rec_u <= 0.95:
+                actions.append(f"The budget is short by {fmt_bytes(-A)}: `--gpu-memory-utilization {rec_u}` leaves "
+                               "about 2 GiB for the KV cache, if the device has that room.")
+            else:
+                rec_u = None
+    elif capacity is not None:
         cause = "budget-too-small-for-max-model-len"
         est = ev.first("estimated_max_model_len")
         need, have = ev.value("kv_needed"), ev.value("available_kv")
@@ -816,6 +932,11 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                 "request left behind is held outside vLLM's profile.")
         actions.append("Free what is held (a fix of the release path, or a restart) before planning the next engine; "
                        "until then, leave room for it with a lower `--gpu-memory-utilization`.")
+    elif over_device:
+        cause = "weights"
+        text = (f"the device ran out because {CAUSES[cause]}: {fmt_bytes(weights[0])} per rank ({weights[1]}) on a "  # type: ignore[index]
+                f"{fmt_bytes(T)} device.")
+        actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
     elif others or other or (startup is not None and T and startup.value < u * T) or (
             outside is not None and outside > 0.25 * oom.total):
         cause = "another-process"
@@ -831,6 +952,13 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = f"the device ran out because another process holds {held}, outside vLLM's profile."
         actions.append("Free the device (stop the other process, or give each service its own devices), or lower "
                        "`--gpu-memory-utilization` by the other process's share of the device.")
+    elif ev.first("memory_growth") is not None:
+        cause = "memory-growth"
+        text = (f"{CAUSES[cause]} ({_where(ev.first('memory_growth'), 120)}): the KV cache is allocated once at start-up, "  # type: ignore[arg-type]
+                "so memory that keeps growing is held by something else (caches of inputs, a leak in a release).")
+        actions.append("Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a release "
+                       "that fixes the leak, or restart the engine periodically; a lower `--gpu-memory-utilization` buys "
+                       "time.")
     elif phase == "CUDA/ACL graph capture" or ev.first("eager_works") is not None:
         cause = "graph-capture"
         text = f"the device ran out during {CAUSES[cause]}" + (
@@ -838,7 +966,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
             if ev.first("eager_works") else "") + "."
         actions.append("Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` "
                        "(fewer capture sizes), or `--enforce-eager` at some decode speed.")
-    elif phase == "serving requests":
+    elif phase == "serving requests" or (phase is None and ev.first("serving_oom") is not None):
         cause = "activations-while-serving"
         text = f"the device ran out during {CAUSES[cause]}."
         actions.append("Leave activations room: a lower `--gpu-memory-utilization`, or smaller "
@@ -857,6 +985,13 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         cause = "budget-did-not-fit"
         text = (f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's profile "
                 f"(non-torch allocations, another process) or a utilization too close to 1.")
+    elif over_share:
+        cause = "no-room-for-kv-cache"
+        text = (f"{CAUSES[cause]}: at `--gpu-memory-utilization {u}` vLLM may use {fmt_bytes(int(u * T))} of the "
+                f"{fmt_bytes(T)} device, and the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]}).")  # type: ignore[index]
+        rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]
+        actions.append(f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights "
+                       "room and some for the KV cache), or spread the weights with a larger TP.")
     elif u >= 0.95 or any(f.value < u for f in ev.all("util_works")):
         cause = "utilization-too-high"
         works = [f for f in ev.all("util_works") if f.value < u]

@@ -1,0 +1,106 @@
+"""Triage scored on real issue threads: for each report of a folder of ``fixtures/reports`` (``threads``, ``develop``,
+``held-out``), ``kvaudit triage --format json`` as a user runs it, set against the diagnosis its thread reached
+(``expected.json``, written from the thread before any run).
+
+    .venv/bin/python bench/triage_threads.py develop [held-out threads] [--show]
+
+A report scores when the verdict is the thread's and, where the thread names a cause, the cause is too. Threads that
+reached no diagnosis (``verdict: null``) are not scored. Also counted, on every report: a traceback, an exit 2 (a real
+report refused), blaming the allocator where the thread does not, and asking for a fact the report states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "fixtures" / "reports"
+ALLOCATOR = ("allocator-over-allocation", "allocator-mismatch")
+ASKED = {  # a question in ask_for, and the fact of expected.json that answers it
+    "model": ("which model",),
+    "vLLM": ("which vllm", "vllm version", "the vllm release"),
+    "vllm-ascend": ("which vllm-ascend", "vllm-ascend version", "the vllm-ascend release"),
+    "tensor parallel size": ("tensor parallel", "--tensor-parallel-size"),
+}
+
+
+def run(path: Path) -> tuple[int | None, dict | None, str]:
+    """``kvaudit triage PATH --format json``: its exit code, its JSON, and stderr (or the traceback)."""
+    from kvaudit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["triage", str(path), "--format", "json"])
+    except BaseException:  # noqa: BLE001 - a traceback is what this counts
+        return None, None, traceback.format_exc()
+    try:
+        return code, json.loads(out.getvalue()), err.getvalue()
+    except ValueError:
+        return code, None, err.getvalue()
+
+
+def score(folder: str, show: bool = False) -> dict:
+    """Run every report of the folder; print a row per report and the totals; return the totals."""
+    base = REPORTS / folder
+    expected = {k: v for k, v in json.loads((base / "expected.json").read_text()).items() if not k.startswith("_")}
+    totals = dict(reports=0, scored=0, right=0, tracebacks=0, exit2=0, allocator_contradicted=0, asked_stated=0)
+    for name in sorted(expected):
+        want = expected[name]
+        t0 = time.perf_counter()
+        code, doc, err = run(base / name)
+        took = time.perf_counter() - t0
+        totals["reports"] += 1
+        got_v, got_c = (doc or {}).get("verdict"), (doc or {}).get("cause")
+        notes = []
+        if code is None:
+            totals["tracebacks"] += 1
+            notes.append("TRACEBACK " + err.strip().splitlines()[-1][:100])
+        elif code == 2:
+            totals["exit2"] += 1
+            notes.append("EXIT 2 " + err.strip()[:100])
+        if got_v in ALLOCATOR and want["verdict"] not in ALLOCATOR:
+            totals["allocator_contradicted"] += 1
+            notes.append("allocator blamed")
+        asks = " ".join((doc or {}).get("ask_for", [])).lower()
+        for fact, words in ASKED.items():
+            if want["facts"].get(fact) is not None and any(w in asks for w in words):
+                totals["asked_stated"] += 1
+                notes.append(f"asked for the {fact}")
+        ok = None
+        if want["verdict"] is not None:
+            totals["scored"] += 1
+            ok = got_v == want["verdict"] and ("cause" not in want or got_c == want["cause"])
+            totals["right"] += ok
+        mark = "-" if ok is None else "ok" if ok else "XX"
+        print(f"{mark:2} {name:34} want {want['verdict']}/{want.get('cause', '')}  got {got_v}/{got_c}  "
+              f"{took:5.1f}s {'; '.join(notes)}")
+        if show and ok is False and doc:
+            print("     " + doc.get("headline", "")[:400])
+    pct = 100 * totals["right"] / totals["scored"] if totals["scored"] else 0.0
+    print(f"{folder}: {totals['right']}/{totals['scored']} verdict and cause right ({pct:.0f} %); "
+          f"{totals['reports']} reports, {totals['tracebacks']} tracebacks, {totals['exit2']} exit 2, "
+          f"{totals['allocator_contradicted']} allocator blamed against the thread, "
+          f"{totals['asked_stated']} questions about a stated fact")
+    return totals
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="*", default=["develop"])
+    ap.add_argument("--show", action="store_true", help="print the headline of each miss")
+    a = ap.parse_args()
+    for folder in a.folders:
+        score(folder, a.show)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
