@@ -66,7 +66,7 @@ def score(folder: str, show: bool = False) -> dict:
         elif code == 2:
             totals["exit2"] += 1
             notes.append("EXIT 2 " + err.strip()[:100])
-        if got_v in ALLOCATOR and want["verdict"] not in ALLOCATOR:
+        if got_v in ALLOCATOR and want["verdict"] is not None and want["verdict"] not in ALLOCATOR:
             totals["allocator_contradicted"] += 1
             notes.append("allocator blamed")
         asks = " ".join((doc or {}).get("ask_for", [])).lower()

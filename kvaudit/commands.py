@@ -197,16 +197,35 @@ def read_words(words: list[str]) -> Launch:
     else:
         return Launch((), tuple(unread), p.label)
     extra = list(getattr(p, "extra", []))
+    tag = ns.model_tag if ns.model_tag is not _UNSET else None
+    if tag is not None and (ns.model not in (None, _UNSET) or _follows_unknown(words, tag, extra)):
+        ns.model_tag = _UNSET  # the value of a flag the parser does not know (--host 0.0.0.0), or --model says it
     facts: list[tuple[str, Any]] = []
     for dest, value in vars(ns).items():
         if dest in FACTS and value is not _UNSET and value is not None:
             fact = _fact(FACTS[dest], value)
             if fact is not None:
                 facts.append(fact)
-    if ns.model_tag in (None, _UNSET) and extra and not extra[0].startswith("-"):
-        facts.append(("model", extra.pop(0)))  # a model after flags that take none
-    unread += [w for w in extra if w.startswith("-")]
+    named = any(k == "model" for k, _ in facts)
+    i = 0
+    while i < len(extra):  # what the engine parser does not know: a frontend's flags (--host 0.0.0.0), another vLLM's
+        w = extra[i]
+        if w.startswith("-"):
+            takes = "=" not in w and i + 1 < len(extra) and not extra[i + 1].startswith("-")
+            unread.append(" ".join(extra[i:i + 1 + takes]))
+            i += 1 + takes
+            continue
+        if not named:  # a model after flags that take none
+            facts.append(("model", w))
+            named = True
+        i += 1
     return Launch(tuple(facts), tuple(unread), p.label)
+
+
+def _follows_unknown(words: list[str], value: str, extra: list[str]) -> bool:
+    """Whether ``value`` comes right after a flag the parser did not know (argparse then takes it as positional)."""
+    unknown = {w for w in extra if w.startswith("-")}
+    return any(w == value and i and words[i - 1] in unknown for i, w in enumerate(words))
 
 
 def _refused_flag(message: str, words: list[str]) -> tuple[int, int] | None:

@@ -319,6 +319,9 @@ _SIMPLE = [
                                   re.IGNORECASE), lambda m: "ascend"),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:CUDA|NVIDIA|GeForce|[AHL]\d{2,3}S?|(?:RTX ?)?[2345]090s?)(?![A-Za-z0-9])"
                                   r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda"),
+    ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.])"
+                                     r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|VRAM)", re.IGNORECASE),
+     lambda m: int(m["v"] or m["w"])),
     ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
      lambda m: int(m["v"])),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
@@ -336,6 +339,14 @@ _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|
                      r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
                      r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
 """Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
+_SIZED_MODEL = re.compile(r"(?<![\w/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z0-9.]{1,30}(?:[-_][A-Za-z0-9.]{1,20}){0,4}?[-_]?"
+                          r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![\w.])")
+"""A model as people name it, by its parameter count ("baichuan-13b", "qwen2VL-7b-awq", "vicuna7b_v1.3",
+"Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
+_MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda)\s+memory|显存|memory (?:usage|consumption|footprint))"
+                              r".{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
+                              r".{0,60}?(?:(?:gpu|npu|device|vram)\s+memory|显存|memory (?:usage|consumption))", re.IGNORECASE)
+"""The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
                           r"[^.\n]{0,60}?(?:\boom\b|out of memory|显存不足|爆显存)|"
@@ -421,7 +432,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ("throughput", "post /v1", "startup complete"), ("captur",), ("captur",),
     ("npu", "ascend", "昇腾", "910"), ("cuda", "nvidia", "geforce", "090", "a10", "a800", "a6000", "h100", "h20", "h800",
                                         "l40", "l20"),
-    ("卡", "cards", "gpus", "npus"), ("*", "×"),
+    ("显存", "显卡", "vram"), ("卡", "cards", "gpus", "npus"), ("*", "×"),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
 lines hold none, and a substring test costs a fraction of a regex search."""
@@ -512,6 +523,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         prose = frame is None and not _LOG_PREFIX.match(line)
         if "0." in line and prose and n != title_line:
             _release_claims(ev, n, line)
+        if prose and ("memory" in low or "显存" in line) and _MEMORY_QUESTION.search(line):
+            ev.add("memory_question", True, n, line)
+        if prose and (m := _SIZED_MODEL.search(line)):
+            ev.add("model_mention", m.group(0), n, line)
         if prose and _GROWTH.search(line):
             ev.add("memory_growth", True, n, line)
         if prose and ("oom" in low or "out of memory" in low or "显存" in line) and _SERVING_OOM.search(line):

@@ -26,7 +26,7 @@ _UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "T
           "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
 _PATTERNS = {
     "tried": [rf"Tried to allocate {_SIZE}"],
-    "total": [rf"{_SIZE} total capacity", rf"total capacity of {_SIZE}"],
+    "total": [rf"{_SIZE} total capacity", rf"total capac(?:i)?ty of {_SIZE}"],  # torch 2.1 printed "capacty"
     "free": [rf"{_SIZE} free\b", rf"of which {_SIZE} is free"],
     "allocated": [rf"{_SIZE} already allocated", rf"{_SIZE} is allocated by PyTorch"],
     "reserved": [rf"{_SIZE} reserved in total by PyTorch"],

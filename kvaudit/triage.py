@@ -242,10 +242,13 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
     named = ev.first("model", "model_prose")
     if named is not None:
         return named, None
-    for f in ev.all("model_mention"):  # "Running Llama 3 70B on A100": the name with its size
+    mentions = sorted(ev.all("model_mention"), key=lambda f: f.line)
+    for f in mentions:  # "Running Llama 3 70B on A100": the name with its size
         match = preset_for_model(f.value)
         if match is not None:
             return Fact("model", f.value.strip(), f.line, f.text), match
+    if mentions:  # a model kvaudit ships no config of: named, and its config asked for
+        return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None
     return None, None
 
 
@@ -530,8 +533,10 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
         why = (f"when it ran out, this process's PyTorch held {fmt_bytes(oom.reserved)} of the device's "
                f"{fmt_bytes(oom.total)}; {fmt_bytes(outside)} was held outside it, more than any allocator of this "
                "process could account for")
-    elif inputs.platform == "cuda" and (ev.first("oom") or ev.first("oom_mentioned")):
-        why = ("on CUDA the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
+    elif inputs.platform != "ascend" and (_device_ran_out(ev) or ev.first("oom_mentioned") or _changes(ev)
+                                          or ev.first("memory_question")):
+        where = "on CUDA" if inputs.platform == "cuda" else "with no Ascend marker in the report"
+        why = (f"{where} the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
                "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")
     elif (inputs.platform == "ascend" and inputs.release and not is_before_fix(inputs.release)
           and (ev.first("oom") or ev.first("oom_mentioned"))):
@@ -867,22 +872,17 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     capacity = ev.first("kv_capacity_error")
     changes = _changes(ev)
     pair = release_pair(ev)
-    over_device = weights is not None and T and weights[0] > T
+    running = ev.first("served", "captured", "memory_growth", "serving_oom") is not None or phase in (
+        "CUDA/ACL graph capture", "serving requests")
+    over_device = weights is not None and T and weights[0] > T and not running
     over_share = weights is not None and T and u and weights[0] > u * T
-    if changes and pair is not None:
-        c = changes[-1]
-        cause = c.cause
-        text = (f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
-                f"({_where(ev.first('release_fails'), 100)}): from {c.release} on, {c.what} ({c.source})."  # type: ignore[arg-type]
-                + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
-                    f"{x.release}: {x.what}" for x in changes[:-1]) + "."))
-        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
-    elif capacity is not None and "Mamba cache blocks" in capacity.text:
+    if capacity is not None and "Mamba cache blocks" in capacity.text:
         cause = "budget-too-small-for-max-num-seqs"
         text = f"vLLM refused to start because {CAUSES[cause]} ({_where(capacity, 120)})."
         actions.append("Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory "
                        "(a higher `--gpu-memory-utilization`, a larger TP).")
-    elif capacity is not None and (A is not None and A <= 0 or "No available memory" in capacity.text
+    elif capacity is not None and not (changes and pair) and (A is not None and A <= 0
+                                                                or "No available memory" in capacity.text
                                    or "Insufficient memory" in capacity.text):
         cause = "no-room-for-kv-cache"
         share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
@@ -899,7 +899,8 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                "about 2 GiB for the KV cache, if the device has that room.")
             else:
                 rec_u = None
-    elif capacity is not None:
+    elif capacity is not None and not (A is not None and A <= 0 or "No available memory" in capacity.text
+                                       or "Insufficient memory" in capacity.text):
         cause = "budget-too-small-for-max-model-len"
         est = ev.first("estimated_max_model_len")
         need, have = ev.value("kv_needed"), ev.value("available_kv")
@@ -920,6 +921,14 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
                 rec_u = None
+    elif changes and pair is not None:
+        c = changes[-1]
+        cause = c.cause
+        text = (f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
+                f"({_where(ev.first('release_fails'), 100)}): from {c.release} on, {c.what} ({c.source})."  # type: ignore[arg-type]
+                + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
+                    f"{x.release}: {x.what}" for x in changes[:-1]) + "."))
+        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
     elif ev.first("cvd_after_import") is not None:
         cause = "device-selection"
         f = ev.first("cvd_after_import")
@@ -992,6 +1001,14 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]
         actions.append(f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights "
                        "room and some for the KV cache), or spread the weights with a larger TP.")
+    elif u <= 0.5 and not values["gpu_memory_utilization"].source.startswith("assumed") and (
+            oom is not None or ev.first("oom_mentioned") is not None):
+        cause = "no-room-for-kv-cache"
+        text = (f"the report sets `--gpu-memory-utilization {u}` ({_short(values['gpu_memory_utilization'].source, 90)}): "
+                f"vLLM keeps weights, activations and the KV cache within that share of the device, and a share this "
+                "small leaves it no room.")
+        actions.append("Raise `--gpu-memory-utilization` toward vLLM's default 0.9 (what the device has free); to share "
+                       "a device, give each engine its share and keep their sum under 1.")
     elif u >= 0.95 or any(f.value < u for f in ev.all("util_works")):
         cause = "utilization-too-high"
         works = [f for f in ev.all("util_works") if f.value < u]
