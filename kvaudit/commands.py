@@ -180,6 +180,14 @@ def read_words(words: list[str]) -> Launch:
             end = i + 1 if "=" in words[i] else i + 2
             unread.append(f"{' '.join(words[i:end])} (a config file the report does not hold)")
             del words[i:end]
+    wrapped: list[tuple[str, Any]] = []
+    for i, w in enumerate(words):  # a wrapper's own model flag (FastChat's --model-path), before vLLM's parser
+        flag, eq, value = w.partition("=")
+        if _WRAPPER_MODEL.fullmatch(flag) and (eq or i + 1 < len(words)):
+            wrapped.append(("model", value if eq else words[i + 1]))
+            unread.append(" ".join(words[i:i + (1 if eq else 2)]))
+            del words[i:i + (1 if eq else 2)]
+            break
     for _ in range(64):  # each round drops one flag argparse refused
         try:
             given = argparse.Namespace(**dict.fromkeys(p.defaults, _UNSET))  # argparse keeps what it finds set
@@ -200,7 +208,7 @@ def read_words(words: list[str]) -> Launch:
     tag = ns.model_tag if ns.model_tag is not _UNSET else None
     if tag is not None and (ns.model not in (None, _UNSET) or _follows_unknown(words, tag, extra)):
         ns.model_tag = _UNSET  # the value of a flag the parser does not know (--host 0.0.0.0), or --model says it
-    facts: list[tuple[str, Any]] = []
+    facts: list[tuple[str, Any]] = list(wrapped)
     for dest, value in vars(ns).items():
         if dest in FACTS and value is not _UNSET and value is not None:
             fact = _fact(FACTS[dest], value)
@@ -213,6 +221,7 @@ def read_words(words: list[str]) -> Launch:
         if w.startswith("-"):
             takes = "=" not in w and i + 1 < len(extra) and not extra[i + 1].startswith("-")
             unread.append(" ".join(extra[i:i + 1 + takes]))
+
             i += 1 + takes
             continue
         if not named:  # a model after flags that take none
@@ -220,6 +229,10 @@ def read_words(words: list[str]) -> Launch:
             named = True
         i += 1
     return Launch(tuple(facts), tuple(unread), p.label)
+
+
+_WRAPPER_MODEL = re.compile(r"--model[-_](?:path|dir|name[-_]or[-_]path)")
+"""The model flag of programs that pass the rest to vLLM's engine arguments (FastChat's vllm_worker: --model-path)."""
 
 
 def _follows_unknown(words: list[str], value: str, extra: list[str]) -> bool:

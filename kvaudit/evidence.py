@@ -192,7 +192,7 @@ def reads_like_title(line: str) -> bool:
 _PIP = r"^\s*(?:\[(?:pip3?|conda)\]\s+)?"
 _VLLM_VERSION = [
     re.compile(r"vLLM (?:API )?server version (?P<v>[0-9][\w.+-]*)"),
-    re.compile(r"Initializing a V[01] LLM engine \(v(?P<v>[0-9][\w.+-]*)\)"),
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(?P<v>[0-9][\w.+-]*)\)"),
     re.compile(r"^\s*vLLM Version\s*:\s*(?P<v>[0-9][\w.+-]*)"),
     re.compile(r"▀▄▀ █\s+version (?P<v>[0-9][\w.+-]*)"),
     re.compile(_PIP + r"vllm(?:\s*==\s*|\s+)(?P<v>[0-9][\w.+-]*)(?:\s+/\S+)?\s*$"),
@@ -208,7 +208,7 @@ _PIP_SHOW_VERSION = re.compile(r"^\s*Version:\s*(?P<v>[0-9][\w.+-]*)")
 _IMAGE_ASCEND = re.compile(rf"vllm-ascend:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _IMAGE_VLLM = re.compile(rf"vllm-openai:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 # prose: "vllm-ascend 0.13.0", "vLLM-Ascend镜像：0.14.0rc1", "**vLLM Version**: 0.8.5", "vllm版本0.9.1"
-_GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|ver\.?)*"
+_GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|是|为|ver\.?)*"
 _PROSE_ASCEND = re.compile(rf"vllm[-_ ]?ascend{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend){_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _BARE_VERSION = re.compile(r"(?<![A-Za-z0-9_.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?)(?![A-Za-z0-9_]|\.\d)")
@@ -228,7 +228,7 @@ _ENGINE_KEYS = {
 }
 _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((?P<d>.*)\)")
-_CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|(?:[\w.-]+/)?vllm-(?:openai|ascend)(?::\S+)?(?=\s+-)|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
+_CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|-m\s+(?:\w+\.)*\w*vllm\w*(?:\.\w+)*(?=\s+-)|(?:[\w.-]+/)?vllm-(?:openai|ascend)(?::\S+)?(?=\s+-)|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
                   r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
 _FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
 """A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
@@ -244,12 +244,12 @@ _IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
 _SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
 _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
-_MODEL_MENTION = re.compile(r"(?<![\w/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
-                            r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[\w.-]*"
-                            r"(?:[ -](?:\d[\w.]*|next|coder|vl|vision|instruct|chat|it)(?![\w.]))*", re.IGNORECASE)
+_MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
+                            r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
+                            r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
 _PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
-                          r"`?(?P<v>[\w./-]*[A-Za-z][\w./-]*)", re.IGNORECASE)
+                          r"`?(?P<v>[A-Za-z0-9_./-]*[A-Za-z][A-Za-z0-9_./-]*)", re.IGNORECASE)
 def _gib(m: re.Match) -> int:
     """A ``v`` group printed in GiB, in bytes."""
     return round(float(m["v"]) * GiB)
@@ -317,7 +317,7 @@ _SIMPLE = [
      lambda m: m.group(0)),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:NPUs?|Ascend|910[BC]\d?)(?![A-Za-z0-9])|昇腾|npu-smi|vllm[-_]ascend",
                                   re.IGNORECASE), lambda m: "ascend"),
-    ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:CUDA|NVIDIA|GeForce|[AHL]\d{2,3}S?|(?:RTX ?)?[2345]090s?)(?![A-Za-z0-9])"
+    ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
                                   r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda"),
     ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.])"
                                      r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|VRAM)", re.IGNORECASE),
@@ -339,10 +339,15 @@ _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|
                      r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
                      r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
 """Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
-_SIZED_MODEL = re.compile(r"(?<![\w/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z0-9.]{1,30}(?:[-_][A-Za-z0-9.]{1,20}){0,4}?[-_]?"
-                          r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![\w.])")
+_HUB_URL = re.compile(r"(?:huggingface\.co|hf-mirror\.com|modelscope\.cn/models)/(?P<id>[A-Za-z0-9][\w.-]{0,95}/"
+                      r"[A-Za-z0-9][\w.-]{0,95})")
+"""A model's page on the Hub (or its mirrors): its id."""
+_SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z0-9.]{1,30}(?:[-_][A-Za-z0-9.]{1,20}){0,4}?[-_]?"
+                          r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![A-Za-z0-9_.])")
 """A model as people name it, by its parameter count ("baichuan-13b", "qwen2VL-7b-awq", "vicuna7b_v1.3",
 "Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
+_TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:：]\s*(?P<v>[1-9]\d{0,2})(?![\d.])")
+"""A TP the reporter states ("with tensor_parallel_size=4", "TP: 8")."""
 _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda)\s+memory|显存|memory (?:usage|consumption|footprint))"
                               r".{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
                               r".{0,60}?(?:(?:gpu|npu|device|vram)\s+memory|显存|memory (?:usage|consumption))", re.IGNORECASE)
@@ -431,7 +436,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ("larger than the available",), ("estimated maximum",), ("max seq len (",), ("stored in kv cache",),
     ("throughput", "post /v1", "startup complete"), ("captur",), ("captur",),
     ("npu", "ascend", "昇腾", "910"), ("cuda", "nvidia", "geforce", "090", "a10", "a800", "a6000", "h100", "h20", "h800",
-                                        "l40", "l20"),
+                                        "l40", "l20", "gpu", "v100", "t4", "p100", "p40", "080", "070"),
     ("显存", "显卡", "vram"), ("卡", "cards", "gpus", "npus"), ("*", "×"),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
@@ -518,13 +523,18 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if not low.strip():
             continue
         frame = _FRAME.search(line) if 'file "' in low else None
-        if "vllm" in low or "torch" in low or "version" in low:
+        if "vllm" in low or "torch" in low or "version" in low or "llm engine (v" in low:
             _versions(ev, n, line, frame is not None)
+        if ("huggingface.co/" in low or "hf-mirror.com/" in low or "modelscope.cn/models/" in low) and (
+                m := _HUB_URL.search(line)):
+            ev.add("model_url", m["id"], n, line)
         prose = frame is None and not _LOG_PREFIX.match(line)
         if "0." in line and prose and n != title_line:
             _release_claims(ev, n, line)
         if prose and ("memory" in low or "显存" in line) and _MEMORY_QUESTION.search(line):
             ev.add("memory_question", True, n, line)
+        if prose and ("tp" in low or "tensor" in low) and (m := _TP_PROSE.search(line)):
+            ev.add("tp_prose", int(m["v"]), n, line)
         if prose and (m := _SIZED_MODEL.search(line)):
             ev.add("model_mention", m.group(0), n, line)
         if prose and _GROWTH.search(line):
@@ -543,15 +553,21 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if imported and "cuda_visible_devices" in low and _SET_CVD.search(line):
             ev.add("cvd_after_import", True, n, line)  # torch has seen the devices already: the setting is ignored
         if "llm engine" in low and _ENGINE.search(line):
-            for key, (rx, conv) in _ENGINE_KEYS.items():
-                if m := rx.search(line):
-                    ev.add(key, conv(m["v"]), n, line)  # (digit runs bounded by the patterns)
+            for k in range(n, min(n + 4, len(lines) + 1)):  # the config, or the lines a paste wrapped it onto
+                held = lines[k - 1]
+                found = False
+                for key, (rx, conv) in _ENGINE_KEYS.items():
+                    if m := rx.search(held):
+                        ev.add(key, conv(m["v"]), k, held)  # (digit runs bounded by the patterns)
+                        found = True
+                if found and k > n or "model=" in held:
+                    break
         if "non-default args" in low and (m := _ARGS.search(line)):
             _read_launch(ev, n, line, read_call(m["d"], {}), add=True)
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
             _read_launch(ev, n, line, read_call("Namespace(" + m["d"] + ")", {}), add=True)
         if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low
-             or "vllm-openai" in low) and (m := _CMD.search(line)) or "--" in line and
+             or "vllm-openai" in low or "vllm_worker" in low or "-m vllm" in low) and (m := _CMD.search(line)) or "--" in line and
                 (m := _FLAGS_LINE.search(line) or _ARGS_VAR.search(line))) and not _continues(lines, n):
             parts, k = [m["rest"].rstrip()], n
             while parts[-1].endswith("\\") and k < len(lines):  # a command continued with "\"

@@ -242,7 +242,13 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
     named = ev.first("model", "model_prose")
     if named is not None:
         return named, None
-    mentions = sorted(ev.all("model_mention"), key=lambda f: f.line)
+    titled = {f.line for f in ev.all("title")}
+    mentions = sorted(ev.all("model_mention"), key=lambda f: (f.line not in titled, f.line))
+    if mentions and mentions[0].line in titled and preset_for_model(mentions[0].value) is None:
+        return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None  # the title's model
+    url = ev.first("model_url")  # a model's Hub page, where no launch, log or title names one
+    if url is not None and not (mentions and mentions[0].line in titled):
+        return url, preset_for_model(url.value)
     for f in mentions:  # "Running Llama 3 70B on A100": the name with its size
         match = preset_for_model(f.value)
         if match is not None:
@@ -281,7 +287,7 @@ def _release(ev: Evidence, platform: str | None, values: dict[str, Sourced]) -> 
 
 
 def _tp(ev: Evidence, preset: str | None) -> Sourced:
-    tp = ev.first("tp")
+    tp = ev.first("tp", "tp_prose")
     if tp:
         return _from(tp)
     count = ev.first("device_count")
@@ -565,6 +571,10 @@ def phase_of(ev: Evidence) -> str | None:
     start = ev.first("capture_started")
     if oom is not None and start is not None:
         return "CUDA/ACL graph capture"
+    if ev.first("serving_oom") is not None:  # "test latency with input 20 000, service shows oom"
+        return "serving requests"
+    if ev.first("kv_capacity_error") is not None:  # vLLM's own refusal is raised where it plans the KV cache
+        return "kv-cache planning"
     return None
 
 
