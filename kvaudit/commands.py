@@ -206,8 +206,13 @@ def read_words(words: list[str]) -> Launch:
         return Launch((), tuple(unread), p.label)
     extra = list(getattr(p, "extra", []))
     tag = ns.model_tag if ns.model_tag is not _UNSET else None
-    if tag is not None and (ns.model not in (None, _UNSET) or _follows_unknown(words, tag, extra)):
-        ns.model_tag = _UNSET  # the value of a flag the parser does not know (--host 0.0.0.0), or --model says it
+    if tag is not None and _follows_unknown(words, tag, extra):  # the value of a flag it does not know: --host 0.0.0.0
+        ns.model_tag = _UNSET
+        at = extra.index(next(w for i, w in enumerate(words) if i + 1 < len(words) and words[i + 1] == tag
+                              and w in extra))
+        extra[at] = f"{extra[at]}={tag}"
+    elif tag is not None and ns.model not in (None, _UNSET):
+        ns.model_tag = _UNSET  # --model says it
     facts: list[tuple[str, Any]] = list(wrapped)
     for dest, value in vars(ns).items():
         if dest in FACTS and value is not _UNSET and value is not None:
@@ -276,6 +281,7 @@ def _fact(key: str, value: Any) -> tuple[str, Any] | None:
 
 # --- kvaudit's own reader, where vLLM is not installed --------------------------------------------------
 
+OWN_READER = "kvaudit's own flag reader (vLLM is not installed here)"
 _ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size"}
 _VALUELESS = {"trust-remote-code", "enforce-eager", "enable-prefix-caching", "no-enable-prefix-caching",
               "enable-chunked-prefill", "disable-log-requests", "disable-log-stats", "enable-expert-parallel",
@@ -312,7 +318,7 @@ def _own_reading(words: list[str]) -> Launch:
                 facts.append(fact)
             else:
                 unread.append(f"--{flag} {value}")
-    return Launch(tuple(facts), tuple(unread), "kvaudit's own flag reader (vLLM is not installed here)")
+    return Launch(tuple(facts), tuple(unread), OWN_READER)
 
 
 def _human(value: str) -> Any:

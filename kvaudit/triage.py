@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from kvaudit.commands import OWN_READER
 from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_model, load_preset_spec, preset_for_model
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.escape import md, md_code
@@ -108,6 +109,9 @@ class Triage:
     audits: tuple[Any, ...] = field(default=(), repr=False)
     not_audited: str | None = None
     """Why the audit step did not run here (vLLM is not installed), when it did not."""
+    not_parsed: tuple[str, ...] = ()
+    """Launch lines read by kvaudit's own flag reader because vLLM's parser is not installed here: aliases, JSON flags
+    and flags kvaudit does not know may be missed in them."""
 
     def to_dict(self) -> dict:
         """The JSON contract (``schema_version`` 1)."""
@@ -121,7 +125,7 @@ class Triage:
             "recommended_kv_cache_memory_bytes": self.recommended_kv_cache_memory_bytes,
             "fixed_in": self.fixed_in, "cause": self.cause, "version_needed": self.version_needed,
             "releases": list(self.releases), "planned_with_vllm": self.planned_with, "phase": self.phase,
-            "not_audited": self.not_audited,
+            "not_audited": self.not_audited, "not_parsed": list(self.not_parsed),
         }
 
     def to_json(self) -> str:
@@ -134,6 +138,10 @@ class Triage:
                md(self.headline), ""]
         if self.not_audited:
             out += [f"> kvaudit did not audit the allocator: {md(self.not_audited)}", ""]
+        if self.not_parsed:
+            out += ["> vLLM's argument parser is not installed here, so kvaudit's own flag reader read these launches "
+                    "(aliases, JSON flags and other flags may be missed): " + "; ".join(md(x) for x in self.not_parsed),
+                    ""]
         if self.evidence:
             out += ["**Evidence**", ""] + [f"- {md(e)}" for e in self.evidence] + [""]
         if self.deployment:
@@ -430,6 +438,12 @@ def triage(text: str, config: str | None = None, title: str | None = None,
     """Read a report, reconstruct its deployment, audit, compare, conclude. Text that is not a report at
     all (no out-of-memory error, vLLM, NPU/GPU or traceback in it) is a usage error."""
     ev = extract(clean_lines(text), title)
+    t = _triage(ev, text, config, title, tolerance)
+    own = tuple(dict.fromkeys(_where(f, 120) for f in ev.all("launch_parser") if f.value == OWN_READER))
+    return dataclasses.replace(t, not_parsed=own) if own else t
+
+
+def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tolerance: float | None) -> Triage:
     if not looks_like_report(text + (title or "")):
         raise UsageError("nothing in the text mentions an out-of-memory error, vLLM, an NPU or GPU, or a traceback: "
                          "give the issue's text, startup log or traceback")
@@ -632,6 +646,9 @@ def _evidence_lines(ev: Evidence) -> list[str]:
             out.append(f"{what} {f.value} — {_where(f)}")
     for f in ev.all("working_launch"):
         out.append(f"a launch the report says works — {_where(f)}")
+    parsers = {f.line: f.value for f in ev.all("launch_parser")}
+    for f in ev.all("unread_flag")[:12]:  # another vLLM's flags, a frontend's, or a value the parser refused
+        out.append(f"not an engine argument to {parsers.get(f.line, 'the parser')}: {f.value} — line {f.line}")
     used = ev.all("hbm_used_mb")
     if used:
         top = max(used, key=lambda f: f.value)

@@ -394,3 +394,14 @@ def test_markdown_escaping_keeps_the_text_as_written():
                   "@maintainer", "<b>b</b> **b** #1 | p ``` y"):
         assert shown.count(piece) == 2, piece  # as written, in the paragraph and in the table cell
     assert "<code>a `` b</code>" in html and html.count("<td>") == 1
+
+
+def test_without_vllm_triage_says_which_launches_its_own_reader_read():
+    """Where vLLM is not installed, the launch lines are read by kvaudit's reader, and the answer says so."""
+    report = ROOT / "fixtures" / "reports" / "threads" / "vllm-13061.txt"
+    p = subprocess.run([sys.executable, str(ROOT / "tests/without.py"), "vllm,torch", "triage", str(report),
+                        "--format", "json"], capture_output=True, text=True)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 3 and doc["not_parsed"] and all(s.startswith("line ") for s in doc["not_parsed"])
+    assert doc["deployment"]["tensor parallel size"]["value"] == 2  # the common flags are still read
+    jsonschema.validate(doc, SCHEMA)

@@ -1,0 +1,135 @@
+"""Launches read as vLLM reads them (kvaudit/commands.py), and what the reader makes of the failures, releases and
+figures users write (kvaudit/failures.py, kvaudit/changes.py, the release claims of kvaudit/evidence.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from kvaudit import commands
+from kvaudit.changes import between, since_before
+from kvaudit.evidence import clean_lines, extract
+from kvaudit.failures import COLLECTIVE, DRIVER, HOST, failures
+
+needs_parser = pytest.mark.skipif(commands.parser_name() is None, reason="vLLM's parser is not installed")
+
+
+def _facts(text: str) -> dict:
+    ev = extract(clean_lines(text))
+    return {k: [f.value for f in v] for k, v in ev.facts.items()}
+
+
+def _launch(text: str) -> dict:
+    launch = commands.read_words(commands.command_words(commands.split(text)))
+    return dict(launch.facts) | {"unread": launch.unread, "parser": launch.parser}
+
+
+@needs_parser
+def test_every_form_vllms_parser_takes():
+    got = _launch("Qwen/Qwen3-8B --gpu-memory-utilization=0.4 --max_model_len=512 -tp 4 --max-num-batched-tokens 32k "
+                  "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' --enforce-eager")
+    assert (got["model"], got["gpu_memory_utilization"], got["max_model_len"], got["tp"]) == ("Qwen/Qwen3-8B", 0.4,
+                                                                                                512, 4)
+    assert got["max_num_batched_tokens"] == 32000 and got["kv_connector"] == "NixlConnector" and got["enforce_eager"] is True
+    assert got["parser"].startswith("vLLM ") and got["unread"] == ()
+
+
+@needs_parser
+def test_a_flag_stated_at_its_default_is_still_a_fact():
+    assert _launch("m --tensor-parallel-size 1 --gpu-memory-utilization 0.9")["tp"] == 1
+
+
+@needs_parser
+def test_what_the_parser_does_not_take_is_evidence_not_a_failure():
+    got = _launch("--model /m/x --tensor-parallel-size $TP --use-v2-block-manager --host 0.0.0.0 --port 8000 "
+                  "--config /etc/vllm.yaml --max-model-len 8192")
+    assert got["model"] == "/m/x" and got["max_model_len"] == 8192 and "tp" not in got
+    unread = " ".join(got["unread"])
+    for part in ("$TP", "--use-v2-block-manager", "--host=0.0.0.0", "--port 8000", "/etc/vllm.yaml"):
+        assert part in unread, part
+
+
+def test_words_split_as_a_shell_splits_them():
+    assert commands.split("serve 'a b' --x=\"1 2\" # comment") == ["serve", "a b", "--x=1 2"]
+    assert commands.command_words(["m", "--tp", "2", "2>&1", "|", "tee", "log"]) == ["m", "--tp", "2"]
+    assert commands.expand("--max-model-len ${MML:-4096} --tp $TP $UNSET", {"TP": "8"}) == \
+        "--max-model-len 4096 --tp 8 $UNSET"
+    assert commands.split("it's an unbalanced quote") == ["it's", "an", "unbalanced", "quote"]
+
+
+def test_without_vllm_kvaudits_own_reader_takes_the_common_flags(monkeypatch):
+    monkeypatch.setattr(commands, "_PARSER", [None])
+    got = _launch("/m/qwen --gpu-memory-utilization=0.4 -tp 2 --max_model_len 32k --trust-remote-code --enforce-eager")
+    assert (got["model"], got["gpu_memory_utilization"], got["tp"], got["max_model_len"]) == ("/m/qwen", 0.4, 2, 32000)
+    assert got["enforce_eager"] is True and "not installed" in got["parser"]
+
+
+def test_python_launches_are_read_through_ast_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    got = commands.read_call(f"LLM(model=name, tensor_parallel_size=2, gpu_memory_utilization=.5, "
+                             f"max_model_len=__import__('os').system('touch {marker}'), enforce_eager=True)",
+                             {"name": "meta-llama/Llama-3.1-8B"})
+    facts = dict(got.facts)
+    assert facts == {"model": "meta-llama/Llama-3.1-8B", "tp": 2, "gpu_memory_utilization": 0.5, "enforce_eager": True}
+    assert not marker.exists()
+    logged = commands.read_call("{'model': '/q', 'max_model_len': 1024, 'kv_transfer_config': "
+                                "KVTransferConfig(kv_connector='P2pNcclConnector')}", {})
+    assert dict(logged.facts) == {"model": "/q", "max_model_len": 1024, "kv_connector": "P2pNcclConnector"}
+
+
+def test_an_argument_list_in_an_environment_variable():
+    """The flags of a VLLM_ARGS line in their = form (vllm issue: util 0.4 and max-model-len 512 were missed)."""
+    got = _facts('docker run -e VLLM_ARGS="--gpu-memory-utilization=0.4 --max-model-len=512" img\n'
+                 'VLLM_ARGS="--gpu-memory-utilization=0.4 --max-model-len=512"\nCUDA out of memory')
+    assert got["gpu_memory_utilization"] == [0.4] and got["max_model_len"] == [512]
+
+
+@pytest.mark.parametrize("sentence, works, fails", [
+    ("[Bug]: Severe OOM in 0.8.3 （ok in 0.7.2）", ["0.7.2"], ["0.8.3"]),
+    ("[Bug]: VLLM 0.8.2 OOM error (No error in 0.7.3 version)", ["0.7.3"], ["0.8.2"]),
+    ("[Bug]: v0.6.4 needs more memory than v0.6.3", ["0.6.3"], ["0.6.4"]),
+    ("it works well in vllm 0.2.6 but run out of memory using 0.2.7.", ["0.2.6"], ["0.2.7"]),
+    ("after upgrading from vllm0.7.3 to vllm0.8.2, OOM at start", ["0.7.3"], ["0.8.2"]),
+    ("Since vLLM 0.2.5, we can't even run llama-2 70B anymore", [], ["0.2.5"]),
+    ("[Bug]: Out of Memory error in 0.8.0 and 0.8.1. Worked fine in the previous versions", [], ["0.8.0", "0.8.1"]),
+    ("I run vllm 0.8.5 with TP 4", [], []),
+])
+def test_two_releases_in_one_sentence(sentence, works, fails):
+    got = _facts(sentence)
+    assert got.get("release_works", []) == works and got.get("release_fails", []) == fails
+
+
+@pytest.mark.parametrize("line, version", [
+    ("[Bug]: 0.18.0版本4台A2拉起deepseek v4 pro", "0.18.0"), ("[Bug] [0.2.7] OOM with llama", "0.2.7")])
+def test_a_bare_release_in_a_title(line, version):
+    assert _facts(line)["title_version"] == [version]
+
+
+def test_a_release_candidate_written_with_a_dot():
+    assert _facts("vllm v0.8.4.rc2 oom")["vllm_prose"] == ["0.8.4rc2"]
+
+
+def test_changes_between_releases():
+    assert [c.release for c in between("0.7.3", "0.8.2")] == ["0.8.0"]
+    assert [c.release for c in between("0.2.6", "0.2.7")] == ["0.2.7"]
+    assert between("0.8.2", "0.7.3") == [] and between("0.8.1", "0.8.3") == []
+    assert [c.release for c in since_before("0.2.5")] == ["0.2.5"]
+    assert [c.release for c in since_before("0.8.1")] == ["0.8.0"]
+
+
+DEVELOP = ROOT / "fixtures" / "reports" / "develop"
+
+
+@pytest.mark.parametrize("report, kind", [
+    ("vllm-1160.txt", HOST), ("vllm-ascend-3314.txt", HOST), ("vllm-19613.txt", COLLECTIVE),
+    ("vllm-ascend-405.txt", COLLECTIVE), ("vllm-1772.txt", DRIVER), ("vllm-6184.txt", DRIVER),
+    ("vllm-ascend-4972.txt", DRIVER)])
+def test_failures_outside_the_plan_by_their_wording(report, kind):
+    found = failures(clean_lines((DEVELOP / report).read_text()))
+    assert found and found[0][0] == kind, found
+
+
+def test_a_device_out_of_memory_is_no_failure_outside_the_plan():
+    for report in ("threads/vllm-ascend-3308.txt", "threads/vllm-10569.txt", "ascend-0.11-qwen3-next-oom.log"):
+        lines = clean_lines((ROOT / "fixtures" / "reports" / report).read_text())
+        assert failures(lines) == [], report
