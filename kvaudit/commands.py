@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import logging
 import re
 import shlex
 from dataclasses import dataclass
@@ -156,6 +157,7 @@ def _build_parser() -> Any:
             if unset:
                 cls.device_type = ""
     parser.label = f"vLLM {vllm_version()}'s engine-argument parser"
+    logging.getLogger("vllm.utils.argparse_utils").addFilter(lambda record: False)  # its notes on the words it reads
     return parser
 
 
@@ -171,10 +173,20 @@ def read_words(words: list[str]) -> Launch:
     p = _vllm_parser()
     if p is None:
         return _own_reading(words)
-    from kvaudit.plan import quiet_vllm
+    key = tuple(words)
+    if key in _READ:  # the same launch pasted again
+        return _READ[key]
+    _READ[key] = launch = _parse(p, list(words))
+    if len(_READ) > 4096:
+        _READ.pop(next(iter(_READ)))
+    return launch
 
+
+_READ: dict[tuple[str, ...], Launch] = {}
+
+
+def _parse(p: Any, words: list[str]) -> Launch:
     unread: list[str] = []
-    words = list(words)
     for i in reversed(range(len(words))):  # a config file is on the reporter's machine, not in the report
         if words[i] == "--config" or words[i].startswith("--config="):
             end = i + 1 if "=" in words[i] else i + 2
@@ -191,7 +203,7 @@ def read_words(words: list[str]) -> Launch:
     for _ in range(64):  # each round drops one flag argparse refused
         try:
             given = argparse.Namespace(**dict.fromkeys(p.defaults, _UNSET))  # argparse keeps what it finds set
-            with quiet_vllm(), contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stderr(io.StringIO()):
                 ns = p.parse_args(words, given)
             break
         except _Refused as e:

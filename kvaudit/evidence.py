@@ -334,7 +334,7 @@ _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
-                     r"constant\w*)?\s*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)[^.\n]{0,40}?"
+                     r"constant\w*)?[ \t]*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)[^.\n]{0,40}?"
                      r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*)|memory leak|leaks? memory|"
                      r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
                      r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
@@ -346,11 +346,11 @@ _SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z
                           r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![A-Za-z0-9_.])")
 """A model as people name it, by its parameter count ("baichuan-13b", "qwen2VL-7b-awq", "vicuna7b_v1.3",
 "Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
-_TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:：]\s*(?P<v>[1-9]\d{0,2})(?![\d.])")
+_TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)[ \t]*[=:：][ \t]*(?P<v>[1-9]\d{0,2})(?![\d.])")
 """A TP the reporter states ("with tensor_parallel_size=4", "TP: 8")."""
-_MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda)\s+memory|显存|memory (?:usage|consumption|footprint))"
+_MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda)[ \t]+memory|显存|memory (?:usage|consumption|footprint))"
                               r".{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
-                              r".{0,60}?(?:(?:gpu|npu|device|vram)\s+memory|显存|memory (?:usage|consumption))", re.IGNORECASE)
+                              r".{0,60}?(?:(?:gpu|npu|device|vram)[ \t]+memory|显存|memory (?:usage|consumption))", re.IGNORECASE)
 """The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
@@ -518,6 +518,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     imported = 0
     lows = [line.lower() for line in lines]
     ruled = _rule_facts(lines, lows)
+    claim_lines = set().union(*lines_holding(lows, ("0.",)).values())
+    prosed: list[int] = []
     for n, line in enumerate(lines, start=1):
         low = lows[n - 1]
         if not low.strip():
@@ -529,18 +531,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                 m := _HUB_URL.search(line)):
             ev.add("model_url", m["id"], n, line)
         prose = frame is None and not _LOG_PREFIX.match(line)
-        if "0." in line and prose and n != title_line:
-            _release_claims(ev, n, line)
-        if prose and ("memory" in low or "显存" in line) and _MEMORY_QUESTION.search(line):
-            ev.add("memory_question", True, n, line)
-        if prose and ("tp" in low or "tensor" in low) and (m := _TP_PROSE.search(line)):
-            ev.add("tp_prose", int(m["v"]), n, line)
-        if prose and (m := _SIZED_MODEL.search(line)):
-            ev.add("model_mention", m.group(0), n, line)
-        if prose and _GROWTH.search(line):
-            ev.add("memory_growth", True, n, line)
-        if prose and ("oom" in low or "out of memory" in low or "显存" in line) and _SERVING_OOM.search(line):
-            ev.add("serving_oom", True, n, line)
+        if prose:
+            prosed.append(n)
+            if n in claim_lines and n != title_line:
+                _release_claims(ev, n, line)
         if pip_show and (m := _PIP_SHOW_VERSION.search(line)):
             ev.add("vllm_ascend_version" if "ascend" in pip_show else "vllm_version", m["v"], n, line)
             pip_show = None
@@ -628,6 +622,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     break
         if line.lstrip().startswith("|"):
             _smi(ev, n, line)
+    _prose(ev, lines, set(prosed))
     for n, key, value in ruled:
         ev.add(key, value, n, lines[n - 1])
     for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
@@ -651,15 +646,15 @@ _NOT_IN_FRAMES = {"device_nominal_gb", "model_mention"}
 _EVERY_MATCH = {"model_mention"}
 
 
-def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]:
-    """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
-    words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
+def lines_holding(lows: list[str], words: tuple[str, ...] | set[str]) -> dict[str, set[int]]:
+    """For each word, the (1-based) lines of ``lows`` (lower-cased) that hold it: one substring search over the
+    whole text per word, fast where most lines hold none."""
     text = "\n".join(lows)
     starts = [0]
     for low in lows:
         starts.append(starts[-1] + len(low) + 1)
     where: dict[str, set[int]] = {}
-    for word in _WORDS:
+    for word in words:
         found: set[int] = set()
         i = text.find(word)
         while i != -1:
@@ -667,6 +662,13 @@ def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]
             found.add(n)
             i = text.find(word, starts[n])
         where[word] = found
+    return where
+
+
+def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]:
+    """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
+    words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
+    where = lines_holding(lows, _WORDS)
     out: list[tuple[int, str, Any]] = []
     for key, rx, conv, groups in _RULES:
         candidates = None
@@ -799,6 +801,31 @@ def _release_claims(ev: Evidence, n: int, text: str) -> None:
         for version, claim in claims:
             if claim is not None:
                 ev.add(f"release_{claim}", version, n, text)
+
+
+_PROSE_FACTS_RX = (("memory_question", _MEMORY_QUESTION), ("tp_prose", _TP_PROSE), ("model_mention", _SIZED_MODEL),
+                   ("memory_growth", _GROWTH), ("serving_oom", _SERVING_OOM))
+
+
+def _prose(ev: Evidence, lines: list[str], prose: set[int]) -> None:
+    """What the reporter's sentences (``prose``: lines no program printed) say: the TP, a model by its size, memory
+    that grows, an out-of-memory while serving, a question about memory use. Each pattern runs once over the whole
+    text (none crosses a line end); its matches on prose lines are facts."""
+    text = "\n".join(lines)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    found: list[tuple[int, str, Any]] = []
+    for key, rx in _PROSE_FACTS_RX:
+        seen: set[int] = set()
+        for m in rx.finditer(text):
+            n = bisect.bisect_right(starts, m.start())
+            if n in prose and n not in seen:
+                seen.add(n)
+                found.append((n, key, int(m["v"]) if key == "tp_prose" else m.group(0) if key == "model_mention"
+                              else True))
+    for n, key, value in sorted(found, key=lambda f: f[0]):
+        ev.add(key, value, n, lines[n - 1])
 
 
 def _shell_value(text: str) -> str:

@@ -14,53 +14,53 @@ HOST = "host-memory"
 COLLECTIVE = "collective-library"
 DRIVER = "driver"
 
-WORDINGS: tuple[tuple[str, str, re.Pattern], ...] = (
+WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
     # the shell reporting a process the kernel killed; exit status 128 + SIGKILL (9)
-    (HOST, "kernel OOM killer / SIGKILL", re.compile(
+    (HOST, "kernel OOM killer / SIGKILL", ("killed", "137", "sigkill", "exitcode", "signal 9", "oom-kill", "oom_kill", "oom kill", "kill process", "cgroup"), re.compile(
         r"^\s*(?:\S+:\s*)?Killed\s*$|exit(?:ed with)? code:? 137\b|\(SIGKILL\)|exitcode\s*:\s*-9\b|signal 9\b|"
         r"\boom[-_ ]kill|Out of memory: Kill(?:ed)? process|Memory cgroup out of memory", re.IGNORECASE)),
     # Ray's memory monitor (ray/_private/memory_monitor.py, raylet): "Workers ... killed due to memory pressure (OOM)",
     # "Task was killed due to the node running low on memory", RayOutOfMemoryError
-    (HOST, "Ray's memory monitor", re.compile(
+    (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node"), re.compile(
         r"killed due to memory pressure|running low on memory|RayOutOfMemoryError|Memory on the node .{0,80} was "
         r"[0-9.]+\s*GB / [0-9.]+\s*GB", re.IGNORECASE)),
     # torch's CPU allocator (c10/core/impl/alloc_cpu.cpp: "DefaultCPUAllocator: can't allocate memory"), errno 12
     # (ENOMEM, "Cannot allocate memory"), C++'s std::bad_alloc, Python's MemoryError
-    (HOST, "the host allocator", re.compile(
+    (HOST, "the host allocator", ("defaultcpuallocator", "errno 12", "bad_alloc", "memoryerror"), re.compile(
         r"DefaultCPUAllocator: (?:can't|not enough memory)|\[Errno 12\] Cannot allocate memory|std::bad_alloc|"
         r"^\s*MemoryError\b|\bMemoryError: Unable to allocate", re.IGNORECASE)),
     # the reporter naming the host's memory ("system RAM at 100%", "CPU memory runs out", "系统内存不足")
-    (HOST, "the host's memory named", re.compile(
+    (HOST, "the host's memory named", ("host", "system", "cpu", "physical", "ram", "内存"), re.compile(
         r"(?:host|system|cpu|physical)\s+(?:ram|memory)\b.{0,40}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"oom|insufficient|not enough|leak|grow)|\bRAM\b.{0,30}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"\bOOM\b|leak)|(?:系统|主机|物理|CPU|cpu|host)\s*内存.{0,12}?(?:不足|耗尽|溢出|占满|爆|泄漏|泄露|增长|上涨|打满)",
         re.IGNORECASE)),
     # NCCL's own errors (nccl.h ncclResult_t names; torch's "NCCL error in: ..."; cupy's NcclError) and the shared
     # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment")
-    (COLLECTIVE, "NCCL", re.compile(
+    (COLLECTIVE, "NCCL", ("nccl", "shared memory segment"), re.compile(
         r"NCCL error|NCCL_ERROR_[A-Z_]+|\bnccl(?:SystemError|UnhandledCudaError|InternalError|InvalidUsage|"
         r"RemoteError)\b|NCCL WARN|Error while creating shared memory segment|ncclShmOpen|NcclError",
         re.IGNORECASE)),
     # HCCL (torch_npu's "HCCL function error: HcclGetRootInfo(...), error code is 11", "call hccl api failed",
     # CANN's EI*** HCCL error codes)
-    (COLLECTIVE, "HCCL", re.compile(
+    (COLLECTIVE, "HCCL", ("hccl", "ei00"), re.compile(
         r"HCCL function error|hccl api failed|Hccl\w+\(.{0,80}\),? error code|createHCCLComm|\bEI00\d\d\b",
         re.IGNORECASE)),
     # CUDA's driver checks (torch/cuda/__init__.py: "The NVIDIA driver on your system is too old", "Found no NVIDIA
     # driver on your system"; the runtime's cudaErrorInsufficientDriver and cudaErrorNoDevice texts)
-    (DRIVER, "the CUDA driver", re.compile(
+    (DRIVER, "the CUDA driver", ("driver", "cuda-capable", "forward compatibility", "unknown error", "nvidia-smi has failed"), re.compile(
         r"NVIDIA driver on your system is too old|Found no NVIDIA driver|CUDA driver version is insufficient|"
         r"no CUDA-capable device is detected|forward compatibility was attempted on non supported HW|"
         r"CUDA error: unknown error|cudaErrorInsufficientDriver|NVIDIA-SMI has failed", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
     # times out", error 507014 / 507015)
-    (DRIVER, "the Ascend runtime", re.compile(
+    (DRIVER, "the Ascend runtime", ("aicore", "5070", "rtstreamsynchronize"), re.compile(
         r"aicore (?:execution )?time(?:s)? ?out|\[aicore timeout\]|Aicore kernel execute failed|"
         r"runtime result = 5070\d\d|rtStreamSynchronize execute failed", re.IGNORECASE)),
 )
-"""Each kind of failure outside the plan, what prints it, and its wording."""
+"""Each kind of failure outside the plan, what prints it, words one of which its lines hold (lower-cased: a
+substring test first, as most log lines hold none), and its wording."""
 
-_FIRST = re.compile("|".join(f"(?:{rx.pattern})" for _, _, rx in WORDINGS), re.IGNORECASE | re.MULTILINE)
 _DRIVER_TITLE = re.compile(r"(?:\bdriver\b|驱动)", re.IGNORECASE)
 _FAILED = re.compile(r"\b(?:errors?|fail\w*|crash\w*|cannot|can't|unable)\b|报错|失败|无法|不能", re.IGNORECASE)
 
@@ -85,12 +85,15 @@ ACTIONS = {
 
 def failures(lines: list[str]) -> list[tuple[str, str, int]]:
     """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line)."""
+    from kvaudit.evidence import lines_holding
+
+    lows = [line.lower() for line in lines]
+    where = lines_holding(lows, {w for _, _, words, _ in WORDINGS for w in words})
     out: list[tuple[str, str, int]] = []
-    for n, line in enumerate(lines, start=1):
-        if not _FIRST.search(line):  # one search over all wordings first: most lines hold none
-            continue
-        for kind, what, rx in WORDINGS:
-            if rx.search(line):
+    for n in sorted(set().union(*where.values())):
+        line = lines[n - 1]
+        for kind, what, words, rx in WORDINGS:
+            if any(n in where[w] for w in words) and rx.search(line):
                 out.append((kind, what, n))
                 break
     return out
