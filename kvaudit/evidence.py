@@ -24,6 +24,7 @@ from typing import Any
 from kvaudit.commands import Launch, command_words, expand, read_call, read_words, split
 from kvaudit.errors import UsageError
 from kvaudit.failures import failures
+from kvaudit.lines import lines_holding
 from kvaudit.oom import parse_oom
 
 MAX_REPORT_BYTES = 16 << 20
@@ -644,25 +645,6 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
 
 _NOT_IN_FRAMES = {"device_nominal_gb", "model_mention"}
 _EVERY_MATCH = {"model_mention"}
-
-
-def lines_holding(lows: list[str], words: tuple[str, ...] | set[str]) -> dict[str, set[int]]:
-    """For each word, the (1-based) lines of ``lows`` (lower-cased) that hold it: one substring search over the
-    whole text per word, fast where most lines hold none."""
-    text = "\n".join(lows)
-    starts = [0]
-    for low in lows:
-        starts.append(starts[-1] + len(low) + 1)
-    where: dict[str, set[int]] = {}
-    for word in words:
-        found: set[int] = set()
-        i = text.find(word)
-        while i != -1:
-            n = bisect.bisect_right(starts, i)  # 1-based line number
-            found.add(n)
-            i = text.find(word, starts[n])
-        where[word] = found
-    return where
 
 
 def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from kvaudit.lines import lines_holding
+
 HOST = "host-memory"
 COLLECTIVE = "collective-library"
 DRIVER = "driver"
@@ -85,8 +87,6 @@ ACTIONS = {
 
 def failures(lines: list[str]) -> list[tuple[str, str, int]]:
     """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line)."""
-    from kvaudit.evidence import lines_holding
-
     lows = [line.lower() for line in lines]
     where = lines_holding(lows, {w for _, _, words, _ in WORDINGS for w in words})
     out: list[tuple[str, str, int]] = []
