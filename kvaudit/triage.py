@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 from kvaudit.commands import OWN_READER
 from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_model, load_preset_spec, preset_for_model
-from kvaudit.errors import ConfigError, UsageError
+from kvaudit.errors import ConfigError, MissingDependency, UsageError
+from kvaudit.hub import names_hub_model
 from kvaudit.escape import md, md_code
 from kvaudit.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.spec import ModelSpec
@@ -336,9 +337,18 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     spec: ModelSpec | None = None
     family_of = None
     preset = match[0] if match else None
+    hub_note = None
+    if config is None and model is not None and not (match and match[1]) and names_hub_model(str(model.value)):
+        try:  # the model the report names, from the Hugging Face cache (or the Hub, where it can be reached)
+            spec = load_model(None, str(model.value))[0]
+        except (ConfigError, UsageError, MissingDependency) as e:
+            hub_note = e.message
     if config:
         spec = load_model(None, config)[0]  # a Hub id, a model folder or a config.json
         values["model"] = Sourced(spec.name, f"--config {config}" + (f" (report: {model.source})" if model else ""))
+    elif spec is not None:
+        values["model"] = _from(model, spec.name, " → its config.json from the Hugging Face cache or the Hub")  # type: ignore[arg-type]
+        preset = None  # the model's own config: no preset's sizes or deployment stand in
     elif match and match[1]:
         spec = load_preset_spec(PRESETS[preset])  # type: ignore[index]
         values["model"] = _from(model, spec.name, f" → kvaudit's {preset} preset config")  # type: ignore[arg-type]
@@ -352,7 +362,7 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     elif model:
         values["model"] = _from(model)
         missing.append(f"the config.json of {model.value!r} (then: kvaudit triage REPORT --config config.json): "
-                       "kvaudit ships no config of that family")
+                       + (hub_note if hub_note else "kvaudit ships no config of that family"))
     else:
         missing.append("which model: the `vllm serve` command line, or the model's name and its config.json")
     exact = None if family_of else preset

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the suite never reaches the Hub: Hub models come from test caches
 
 from kvaudit.deployment import PRESETS, load_preset_spec  # noqa: E402
 from kvaudit.plan import make_deployment  # noqa: E402

@@ -165,3 +165,18 @@ def test_a_policy_and_the_pytest_marker_take_a_hub_id(hub_cache, tmp_path, capsy
     with pytest.raises(PolicyError, match="config not found"):
         load_policy(tmp_path / "kvaudit.toml", ("vllm",))
     assert parse_options((), {"model": "Qwen/Qwen3-32B"}, tmp_path).model == "Qwen/Qwen3-32B"
+
+
+def test_triage_plans_the_model_a_report_names_from_the_hub_cache(hub_cache):
+    """The model of the report's launch, resolved by its Hub id (issue 21), not replaced by a family's preset."""
+    from kvaudit.triage import triage
+
+    cache_model(hub_cache, "acme/Llama-Test-8B", LLAMA)
+    report = ("vllm serve acme/Llama-Test-8B --tensor-parallel-size 1 --max-model-len 8192\n"
+              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+              "of 79.19 GiB of which 1.02 GiB is free.\n")
+    t = triage(report)
+    assert "Hugging Face cache" in t.deployment["model"].source and t.factor == 1.0
+    assert not any("config.json" in a for a in t.ask_for), t.ask_for
+    t = triage(report.replace("acme/Llama-Test-8B", "acme/Not-Cached-8B"))
+    assert any("hf download acme/Not-Cached-8B" in a for a in t.ask_for), t.ask_for
