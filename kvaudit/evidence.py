@@ -785,7 +785,11 @@ def _release_claims(ev: Evidence, n: int, text: str) -> None:
                 ev.add(f"release_{claim}", version, n, text)
 
 
-_PROSE_FACTS_RX = (("memory_question", _MEMORY_QUESTION), ("tp_prose", _TP_PROSE), ("model_mention", _SIZED_MODEL),
+_DISAGGREGATED = re.compile(r"(?<![A-Za-z0-9])(?:PD|P/D|P-D)[ \t]*(?:separation|disaggregat\w*|分离|分离部署)|"
+                            r"(?<![A-Za-z0-9])[1-9]\d?P[1-9]\d?D(?![A-Za-z0-9])|prefill[ \t/-]*decode[ \t]+(?:disaggregat\w*|"
+                            r"separation)|disaggregated (?:prefill|serving)|预填充.{0,6}解码.{0,4}分离", re.IGNORECASE)
+"""Prefill/decode disaggregation named in prose ("PD separation, 2P1D", "4P1D"): the KV cache is transferred."""
+_PROSE_FACTS_RX = (("disaggregated", _DISAGGREGATED), ("memory_question", _MEMORY_QUESTION), ("tp_prose", _TP_PROSE), ("model_mention", _SIZED_MODEL),
                    ("memory_growth", _GROWTH), ("serving_oom", _SERVING_OOM))
 
 

@@ -65,12 +65,12 @@ _WORD = re.compile(r"[A-Za-z]{3,}")
 
 
 def _split_percent(fmt: str) -> list:
-    """A %-format as pieces: literal text (str) and placeholders (None)."""
+    """A %-format as pieces: literal text (str) and placeholders (``(directive, "", spec)``: ``("%.2f", "", ".2f")``)."""
     out: list = []
     pos = 0
     for m in _PERCENT.finditer(fmt):
         out.append(fmt[pos:m.start()])
-        out.append("%" if m.group(0) == "%%" else None)
+        out.append("%" if m.group(0) == "%%" else (m.group(0), "", m.group(0)[1:]))
         pos = m.end()
     out.append(fmt[pos:])
     return out
@@ -101,8 +101,36 @@ def _field_end(fmt: str, i: int) -> int:
     raise ValueError(f"unclosed replacement field at {i} in {fmt!r}")
 
 
+def _split_field(field: str) -> tuple[str, str, str]:
+    """A replacement field's ``expr!conv:spec`` as (expr, conv, spec): the first ``!`` or ``:`` outside brackets and
+    quotes (and not ``!=``) ends the expression."""
+    depth, j, n = 0, 0, len(field)
+    while j < n:
+        ch = field[j]
+        if ch in "'\"":
+            q = ch * 3 if field.startswith(ch * 3, j) else ch
+            j += len(q)
+            while j < n and not field.startswith(q, j):
+                j += 2 if field[j] == "\\" else 1
+            j += len(q)
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and ch == "!" and not field.startswith("!=", j):
+            rest = field[j + 1:]
+            conv, _, spec = rest.partition(":")
+            return field[:j], conv, spec
+        elif depth == 0 and ch == ":":
+            return field[:j], "", field[j + 1:]
+        j += 1
+    return field, "", ""
+
+
 def _split_braces(fmt: str) -> list:
-    """An f-string's or ``str.format``'s format as pieces: literal text (str) and placeholders (None)."""
+    """An f-string's or ``str.format``'s format as pieces: literal text (str) and placeholders (``(expr, conv,
+    spec)``)."""
     out: list = []
     lit: list[str] = []
     i, n = 0, len(fmt)
@@ -114,8 +142,9 @@ def _split_braces(fmt: str) -> list:
         elif ch == "{":
             out.append("".join(lit))
             lit = []
-            out.append(None)
-            i = _field_end(fmt, i) + 1
+            end = _field_end(fmt, i)
+            out.append(_split_field(fmt[i + 1:end]))
+            i = end + 1
         elif ch == "}":
             raise ValueError(f"single '}}' at {i} in {fmt!r}")
         else:
@@ -125,8 +154,7 @@ def _split_braces(fmt: str) -> list:
     return out
 
 
-def pieces(entry: dict) -> list:
-    """An entry's format as pieces: literal text (str) and placeholders (None), literal runs merged."""
+def _parts(entry: dict) -> list:
     raw = _split_percent(entry["format"]) if entry["style"] == "percent" else _split_braces(entry["format"])
     out: list = []
     for p in raw:
@@ -137,18 +165,57 @@ def pieces(entry: dict) -> list:
     return out
 
 
+def pieces(entry: dict) -> list:
+    """An entry's format as pieces: literal text (str) and placeholders (None), literal runs merged."""
+    return [p if isinstance(p, str) else None for p in _parts(entry)]
+
+
+def placeholders(entry: dict) -> list[tuple[str, str, str]]:
+    """Each placeholder of an entry's format as written: ``(expression, conversion, spec)`` for an f-string or a
+    brace format (``("format_gib(x)", "", "")``, ``("n", "", ",")``), ``(directive, "", spec)`` for a %-format
+    (``("%.2f", "", ".2f")``)."""
+    return [p for p in _parts(entry) if not isinstance(p, str)]
+
+
+def matched_part(entry: dict) -> tuple[list, list[str]]:
+    """The part of an entry's format a line must hold, as pieces, and the units of its placeholders: the message up
+    to the word after the last placeholder read (and through its anchor, where the message is itself a fact). What
+    follows is advice whose wording changes from release to release, and often cut off in a paste."""
+    ps = pieces(entry)
+    lit = "".join(p if isinstance(p, str) else "\x00" for p in ps)
+    slots = [i for i, ch in enumerate(lit) if ch == "\x00"]
+    read = [j for j, k in enumerate(entry["fact_keys"]) if k]
+    cut = 0
+    if read and read[-1] < len(slots):
+        pos = slots[read[-1]] + 1
+        cut = pos + re.match(r"\s*[^\s\x00]*", lit[pos:]).end()
+    anchor = (entry.get("anchor") or "").replace("…", "\x00")
+    if entry.get("marks") and anchor and (at := lit.find(anchor)) >= 0:
+        cut = max(cut, at + len(anchor))
+    if cut == 0:
+        cut = len(lit)
+    kept = lit[:cut].split("\x00")
+    out: list = []
+    for i, text in enumerate(kept):
+        if i:
+            out.append(None)
+        if text:
+            out.append(text)
+    return out, entry["units"][:len(kept) - 1]
+
+
 def _literal(text: str) -> str:
     return r"\s+".join(re.escape(part) for part in re.split(r"\s+", text))
 
 
 def compile_entry(entry: dict) -> re.Pattern:
-    """The regex of one entry: its literal text escaped (runs of blanks as ``\\s+``), each placeholder a group (a
-    number, or text), anywhere in a line (a log prefix before it, anything after)."""
-    ps = pieces(entry)
-    units = entry["units"]
-    if sum(p is None for p in ps) != len(units) or len(units) != len(entry["fact_keys"]):
-        raise ValueError(f"{entry['format']!r}: {sum(p is None for p in ps)} placeholders, {len(units)} units, "
-                         f"{len(entry['fact_keys'])} fact keys")
+    """The regex of one entry's ``matched_part``: its literal text escaped (runs of blanks as ``\\s+``), each
+    placeholder a group (a number, or text), anywhere in a line (a log prefix before it, anything after)."""
+    whole = pieces(entry)
+    if sum(p is None for p in whole) != len(entry["units"]) or len(entry["units"]) != len(entry["fact_keys"]):
+        raise ValueError(f"{entry['format']!r}: {sum(p is None for p in whole)} placeholders, {len(entry['units'])} "
+                         f"units, {len(entry['fact_keys'])} fact keys")
+    ps, units = matched_part(entry)
     out, n = [], 0
     for i, p in enumerate(ps):
         if p is not None:
@@ -205,7 +272,7 @@ class _Compiled:
     __slots__ = ("entry", "rx", "needle", "keys", "units", "marks")
 
     def __init__(self, entry: dict):
-        ps = pieces(entry)
+        ps, _units = matched_part(entry)
         self.entry = entry
         self.rx = compile_entry(entry)
         frags = [re.split(r"\s+", text.strip()) for text, _, _ in _fragments(ps)]
@@ -229,7 +296,7 @@ _COMPILED = [_Compiled(e) for e in CATALOGUE]
 _BY_WORD: dict[str, list[int]] = {}
 _ALWAYS: list[int] = []
 for _i, _e in enumerate(CATALOGUE):
-    _w = _keyword(pieces(_e))
+    _w = _keyword(matched_part(_e)[0])
     (_BY_WORD.setdefault(_w, []) if _w else _ALWAYS).append(_i)
 _WORDS = frozenset(_BY_WORD)
 del _i, _e, _w

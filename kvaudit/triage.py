@@ -386,7 +386,9 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
         if f := ev.first(key):
             values[name] = _from(f)
     conn = ev.first("kv_connector")
+    pd = ev.first("disaggregated")
     values["KV transfer"] = (Sourced(True, f"{conn.source} ({conn.value})") if conn
+                             else Sourced(True, f"{pd.source} (prefill/decode disaggregation)") if pd
                              else _assumed(False, "no KV connector in the report"))
     ran = ev.first("served", "captured", "kv_cache_tokens") or next(
         (f for f in ev.all("error_phase") + ev.all("oom_phase")
@@ -918,12 +920,12 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = f"vLLM refused to start because {CAUSES[cause]} ({_where(capacity, 120)})."
         actions.append("Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory "
                        "(a higher `--gpu-memory-utilization`, a larger TP).")
-    elif capacity is not None and not (changes and pair) and (A is not None and A <= 0
-                                                                or "No available memory" in capacity.text
-                                   or "Insufficient memory" in capacity.text):
+    elif not (changes and pair) and (A is not None and A <= 0 or capacity is not None and (
+            "No available memory" in capacity.text or "Insufficient memory" in capacity.text)):
         cause = "no-room-for-kv-cache"
         share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
-        text = (f"vLLM refused to start because {CAUSES[cause]} ({share}"
+        text = ((f"vLLM refused to start because {CAUSES[cause]}" if capacity is not None else
+                 f"the KV budget vLLM logged is not positive: {CAUSES[cause]}") + f" ({share}"
                 + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
                 + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
         actions.append("Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "

@@ -405,3 +405,27 @@ def test_without_vllm_triage_says_which_launches_its_own_reader_read():
     assert p.returncode == 3 and doc["not_parsed"] and all(s.startswith("line ") for s in doc["not_parsed"])
     assert doc["deployment"]["tensor parallel size"]["value"] == 2  # the common flags are still read
     jsonschema.validate(doc, SCHEMA)
+
+
+@pytest.mark.parametrize("report", [
+    "部署Qwen2.5-7B报错：\nValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+    "when initializing the engine.",
+    "(EngineCore_DP0 pid=1) INFO [gpu_worker.py:298] Available KV cache memory: -2.14 GiB\nvllm serve Qwen/Qwen3-8B",
+])
+def test_a_budget_at_or_below_zero_is_no_room_for_the_kv_cache(report):
+    """Neither a max-model-len problem nor "it fits": the weights and activations leave nothing (issue 21; the first
+    report once ended in a TypeError)."""
+    t = triage(report)
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "no-room-for-kv-cache"), t.headline
+    jsonschema.validate(t.to_dict(), SCHEMA)
+
+
+def test_an_npu_smi_table_alone_is_a_report():
+    table = (ROOT / "fixtures" / "reports" / "develop" / "vllm-ascend-3314.txt").read_text().splitlines()[2:12]
+    t = triage("\n".join(table))
+    assert t.to_dict()["schema_version"] == 1
+
+
+def test_prefill_decode_disaggregation_in_prose_is_kv_transfer():
+    t = triage("[Bug]: PD separation, 2P1D, Qwen3-8B NPU out of memory on v0.11.0rc3")
+    assert t.deployment["KV transfer"].value is True and "2P1D" in t.deployment["KV transfer"].source
