@@ -17,8 +17,9 @@ def xml_safe(text: Any) -> str:
 
 
 _TICKS = re.compile(r"`+")
-_LINKISH = re.compile(r"\S*(?:@|://)\S*|(?<!\S)www\.\S*")
-"""Tokens GitHub turns into a mention, an e-mail link or a URL link even without Markdown syntax."""
+_LINKISH = re.compile(r"(?<!\S)\S*?(?:@|://)\S*|(?<!\S)www\.\S*")
+"""Tokens GitHub turns into a mention, an e-mail link or a URL link even without Markdown syntax (each tried from
+a token's start only: a long token without one costs one pass, not one per character)."""
 _ACTIVE = re.compile(r"[\\`*_~\[\]<>&#|!]")
 _ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
 _BLOCK_START = re.compile(r"^(\s*)([-+>=]|\d+[.)])")

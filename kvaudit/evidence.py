@@ -25,6 +25,7 @@ from kvaudit.commands import Launch, command_words, expand, read_call, read_word
 from kvaudit.errors import UsageError
 from kvaudit.failures import failures
 from kvaudit.lines import lines_holding
+from kvaudit.loglines import anchors, read_line
 from kvaudit.oom import parse_oom
 
 MAX_REPORT_BYTES = 16 << 20
@@ -55,7 +56,9 @@ def _plausible() -> dict[str, tuple[float, float]]:
                          "profiled_weights", "profiled_consumed", "peak_activation", "non_torch", "cudagraph_memory",
                          "cudagraph_estimate", "graph_capture"), (0, MAX_BYTES)),
         "available_kv": (-MAX_BYTES, MAX_BYTES),
-        **dict.fromkeys(("kv_cache_tokens", "gpu_blocks", "max_concurrency"), counts),
+        **dict.fromkeys(("kv_cache_tokens", "gpu_blocks", "cpu_blocks", "mamba_blocks", "max_concurrency"), counts),
+        **dict.fromkeys(("requested_memory", "non_kv_memory", "weights_peak", "free_after_profile", "free_after_graph",
+                         "kv_cache_memory_to_requested", "kv_cache_memory_to_gpu_limit"), (0, MAX_BYTES)),
         **dict.fromkeys(("hbm_used_mb", "hbm_total_mb", "device_process_mb"), (0, MAX_BYTES >> 20)),
         "device_nominal_gb": (1, 1 << 12),
     }
@@ -257,59 +260,15 @@ def _gib(m: re.Match) -> int:
 
 
 _SIMPLE = [
-    ("available_kv", re.compile(rf"Available KV cache memory: (?P<v>{_NUM}) GiB"), _gib),
-    ("available_kv", re.compile(rf"the rest of the memory reserved for KV Cache is (?P<v>{_NUM}) ?GiB"),
-     _gib),
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
      _gib),
-    ("weights", re.compile(rf"(?:Model loading|Loading model weights) took (?P<v>{_NUM}) ?(?:GiB|GB)"),
-     _gib),
-    ("weights", re.compile(rf"model weights take (?P<v>{_NUM}) ?GiB"), _gib),
     ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), _gib),
-    ("kv_cache_tokens", re.compile(r"(?:GPU|NPU|XPU|CPU)(?: \+ host)? KV cache size: (?P<v>[\d,]{1,24}) tokens"),
-     lambda m: int(m["v"].replace(",", ""))),
-    ("gpu_blocks", re.compile(r"# (?:GPU|NPU|gpu|npu) blocks: (?P<v>\d{1,18})"), lambda m: int(m["v"])),
-    ("max_concurrency", re.compile(rf"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<v>{_NUM})x"),
-     lambda m: float(m["v"])),
-    # the profile's own breakdown: vLLM's "Free memory on device ... Actual usage is W GiB for weight, P GiB for peak
-    # activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory" (gpu_worker.py, 0.11-0.2x; 0.3x: "W GiB
-    # for consumed memory (weights + non-torch)"), vllm-ascend's "Actual usage: W GiB for weights, ...", the graph lines
-    ("profiled_weights", re.compile(rf"Actual usage(?: is|:) (?P<v>{_NUM}) GiB for weights?\b"), _gib),
-    ("profiled_consumed", re.compile(rf"Actual usage(?: is|:) (?P<v>{_NUM}) GiB for consumed memory"),
-     _gib),
-    ("peak_activation", re.compile(rf"(?P<v>{_NUM}) GiB for peak activation"), _gib),
-    ("non_torch", re.compile(rf"(?P<v>{_NUM}) GiB for non-torch memory"), _gib),
-    ("cudagraph_memory", re.compile(rf"(?P<v>{_NUM}) GiB for CUDAGraph memory"), _gib),
-    ("cudagraph_memory", re.compile(rf"CUDA graph pool memory: (?P<v>{_NUM}) GiB \(actual\)"),
-     _gib),
-    ("cudagraph_estimate", re.compile(rf"CUDA graph pool memory: {_NUM} GiB \(actual\), (?P<v>{_NUM}) GiB \(estimated\)"),
-     _gib),
-    ("cudagraph_estimate", re.compile(rf"Estimated CUDA graph memory: (?P<v>{_NUM}) GiB total"),
-     _gib),
-    ("graph_capture", re.compile(rf"Graph capturing finished in {_NUM} secs?, took (?P<v>{_NUM}) GiB"),
-     _gib),
-    ("block_size", re.compile(r"Setting attention block size to (?P<v>\d{1,18}) tokens"), lambda m: int(m["v"])),
-    ("max_model_len", re.compile(r"Using max model len (?P<v>\d{1,18})"), lambda m: int(m["v"])),
-    ("gpu_memory_utilization", re.compile(rf"Desired GPU memory utilization is \((?P<v>{_NUM}),"),
-     lambda m: float(m["v"])),
-    ("gpu_memory_utilization", re.compile(rf"x gpu_memory_utilization \((?P<v>{_NUM})\)"), lambda m: float(m["v"])),
     ("gpu_memory_utilization", re.compile(rf"Memory profiling results:.*\bgpu_memory_utilization=(?P<v>{_NUM})"),
      lambda m: float(m["v"])),
     ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"]),
     ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"]),
     ("platform", re.compile(r"Platform plugin ascend is activated"), lambda m: "ascend"),
     ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda"),
-    ("kv_capacity_error", re.compile(r"No available memory for the cache blocks|To serve at least one request with the "
-                                     r"models?'s max seq len|is larger than the maximum number of tokens that can be "
-                                     r"stored in KV cache|Insufficient memory for KV cache|exceeds available Mamba cache blocks"),
-     lambda m: m.group(0)),
-    ("kv_needed", re.compile(rf"\((?P<v>{_NUM}) Gi?B KV cache is needed"), _gib),
-    ("available_kv", re.compile(rf"larger than the available KV cache memory \((?P<v>{_NUM}) Gi?B\)"),
-     _gib),
-    ("estimated_max_model_len", re.compile(r"the estimated maximum model length is (?P<v>\d{1,18})"), lambda m: int(m["v"])),
-    ("max_model_len", re.compile(r"max seq len \((?P<v>\d{1,18})\)"), lambda m: int(m["v"])),
-    ("kv_cache_tokens", re.compile(r"maximum number of tokens that can be stored in KV cache \((?P<v>\d{1,18})\)"),
-     lambda m: int(m["v"])),
     ("served", re.compile(r"Avg prompt throughput|Avg generation throughput|\"POST /v1/\S+ HTTP/1\.1\" 200|"
                           r"Application startup complete"), lambda m: m.group(0)),
     ("captured", re.compile(r"Graph capturing finished|Capturing CUDA graphs? .*100%|capturing (?:CUDA|ACL) graphs? took",
@@ -426,19 +385,21 @@ _PROSE_FACTS = [
 ]
 
 _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
-    ("available kv",), ("reserved for kv",), ("memory profiling results",), ("took",), ("weights take",),
-    ("total_gpu_memory",), ("kv cache size",), ("blocks:",), ("maximum concurrency",),
-    ("actual usage",), ("actual usage",), ("peak activation",), ("non-torch memory",), ("cudagraph memory",),
-    ("graph pool memory",), ("graph pool memory",), ("estimated cuda graph",), ("graph capturing",),
-    ("attention block size",),
-    ("max model len",), ("desired gpu",), ("x gpu_memory_utilization",), ("memory profiling results",),
-    ("kv_connector",), ("connector with name",), ("platform plugin",), ("detected platform",),
-    ("no available memory", "to serve at least", "stored in kv cache", "insufficient memory", "mamba cache blocks"), ("is needed",),
-    ("larger than the available",), ("estimated maximum",), ("max seq len (",), ("stored in kv cache",),
-    ("throughput", "post /v1", "startup complete"), ("captur",), ("captur",),
-    ("npu", "ascend", "昇腾", "910"), ("cuda", "nvidia", "geforce", "090", "a10", "a800", "a6000", "h100", "h20", "h800",
-                                        "l40", "l20", "gpu", "v100", "t4", "p100", "p40", "080", "070"),
-    ("显存", "显卡", "vram"), ("卡", "cards", "gpus", "npus"), ("*", "×"),
+    ('memory profiling results',),
+    ('total_gpu_memory',),
+    ('memory profiling results',),
+    ('kv_connector',),
+    ('connector with name',),
+    ('platform plugin',),
+    ('detected platform',),
+    ('throughput', 'post /v1', 'startup complete'),
+    ('captur',),
+    ('captur',),
+    ('npu', 'ascend', '昇腾', '910'),
+    ('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),
+    ('显存', '显卡', 'vram'),
+    ('卡', 'cards', 'gpus', 'npus'),
+    ('*', '×'),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
 lines hold none, and a substring test costs a fraction of a regex search."""
@@ -534,7 +495,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         prose = frame is None and not _LOG_PREFIX.match(line)
         if prose:
             prosed.append(n)
-            if n in claim_lines and n != title_line:
+            if n in claim_lines and n != title_line and any(w in low for w in _CLAIM_WORDS) and (
+                    _BARE_VERSION.search(line) or "than" in low or "since" in low or "from" in low or "升级" in line):
                 _release_claims(ev, n, line)
         if pip_show and (m := _PIP_SHOW_VERSION.search(line)):
             ev.add("vllm_ascend_version" if "ascend" in pip_show else "vllm_version", m["v"], n, line)
@@ -593,6 +555,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("worker_tp_rank", int(m["v"]), n, line)
         if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
+        if frame is None:
+            for key, value in _log_facts(lines, n, line, low):  # vLLM's and vllm-ascend's own formats
+                ev.add(key, value, n, line)
         if "available memory" in low and (m := _ASCEND_AVAILABLE.search(line)):
             ev.add("available_kv", int(m["a"]), n, line)
             ev.add("device_memory", int(m["t"]), n, line)
@@ -623,7 +588,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     break
         if line.lstrip().startswith("|"):
             _smi(ev, n, line)
-    _prose(ev, lines, set(prosed))
+    _prose(ev, lines, lows, set(prosed))
     for n, key, value in ruled:
         ev.add(key, value, n, lines[n - 1])
     for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
@@ -730,6 +695,8 @@ def _versions(ev: Evidence, n: int, line: str, is_frame: bool = False) -> None:
         ev.add("vllm_prose", found[-1]["v"], n, line)
 
 
+_CLAIM_VER = r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?(?:\.?rc[0-9]{1,3})?(?:\.post[0-9]{1,3})?"
+"""A release in a sentence (no ``.dev`` tail: a claim names a release)."""
 _CLAUSE = re.compile(r"[,，;；。()（）\[\]!?！？：]|\.\s|\s(?:but|while|whereas|however|then|and now|yet)\s|但是?|而|可是|却",
                      re.IGNORECASE)
 _CLAUSE_WORKS = re.compile(r"\b(?:works?|worked|working|fine|ok|okay|succe\w*|normal(?:ly)?|no (?:errors?|problems?|issues?|"
@@ -737,12 +704,12 @@ _CLAUSE_WORKS = re.compile(r"\b(?:works?|worked|working|fine|ok|okay|succe\w*|no
                            r"可以|能跑|能用|能拉", re.IGNORECASE)
 _CLAUSE_FAILS = re.compile(r"\b(?:ooms?|out of memory|errors?|fail\w*|crash\w*|cannot|can't|unable|broken|regression)\b|"
                            r"报错|失败|不能|无法|不行|显存不足|爆显存", re.IGNORECASE)
-_MORE_THAN = re.compile(rf"v?(?P<a>{_VER})\b[^,，;。\n]{{0,40}}?\b(?:needs?|uses?|takes?|requires?|consumes?|occupies)"
+_MORE_THAN = re.compile(rf"v?(?P<a>{_CLAIM_VER})\b[^,，;。\n]{{0,40}}?\b(?:needs?|uses?|takes?|requires?|consumes?|occupies)"
                         rf"\s+(?:much\s+|far\s+)?more (?:gpu |npu |device )?memory than\b[^,，;。\n]{{0,20}}?v?"
-                        rf"(?P<b>{_VER})", re.IGNORECASE)
-_UPGRADE = re.compile(rf"\bfrom\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<a>{_VER})\s+to\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?"
-                      rf"(?P<b>{_VER})|升级到\s*v?(?P<c>{_VER})", re.IGNORECASE)
-_SINCE = re.compile(rf"\b(?:since|starting (?:from|with)|from)\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<v>{_VER})\s*(?:on)?\s*[,，]",
+                        rf"(?P<b>{_CLAIM_VER})", re.IGNORECASE)
+_UPGRADE = re.compile(rf"\bfrom\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<a>{_CLAIM_VER})\s+to\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?"
+                      rf"(?P<b>{_CLAIM_VER})|升级到\s*v?(?P<c>{_CLAIM_VER})", re.IGNORECASE)
+_SINCE = re.compile(rf"\b(?:since|starting (?:from|with)|from)\s+(?:vllm[-_ ]?(?:ascend)?\s*)?v?(?P<v>{_CLAIM_VER})\s*(?:on)?\s*[,，]",
                     re.IGNORECASE)
 _PREVIOUS_WORKED = re.compile(r"(?:work\w*|fine|ok)\b[^.\n]{0,30}?\b(?:previous|older|earlier|last) (?:versions?|releases?)|"
                               r"(?:previous|older|earlier) (?:versions?|releases?)[^.\n]{0,20}?\b(?:work\w*|fine|ok)\b|"
@@ -753,6 +720,7 @@ def _release_claims(ev: Evidence, n: int, text: str) -> None:
     """Releases a sentence says work or fail ("OOM in 0.8.3 (ok in 0.7.2)", "v0.6.4 needs more memory than v0.6.3",
     "works well in vllm 0.2.6 but run out of memory using 0.2.7", "from 0.7.3 to 0.8.2"): each clause's release
     takes the clause's own word, else the sentence's."""
+    text = text[:2000]  # a sentence, not a log pasted onto one line
     if m := _MORE_THAN.search(text):
         ev.add("release_fails", m["a"].replace(".rc", "rc"), n, text)
         ev.add("release_works", m["b"].replace(".rc", "rc"), n, text)
@@ -789,29 +757,67 @@ _DISAGGREGATED = re.compile(r"(?<![A-Za-z0-9])(?:PD|P/D|P-D)[ \t]*(?:separation|
                             r"(?<![A-Za-z0-9])[1-9]\d?P[1-9]\d?D(?![A-Za-z0-9])|prefill[ \t/-]*decode[ \t]+(?:disaggregat\w*|"
                             r"separation)|disaggregated (?:prefill|serving)|预填充.{0,6}解码.{0,4}分离", re.IGNORECASE)
 """Prefill/decode disaggregation named in prose ("PD separation, 2P1D", "4P1D"): the KV cache is transferred."""
-_PROSE_FACTS_RX = (("disaggregated", _DISAGGREGATED), ("memory_question", _MEMORY_QUESTION), ("tp_prose", _TP_PROSE), ("model_mention", _SIZED_MODEL),
-                   ("memory_growth", _GROWTH), ("serving_oom", _SERVING_OOM))
+_SIZE_HINT = re.compile(r"\d[BbMm](?![A-Za-z])")
+"""A parameter count ("7b", "30B", "350M"): the lines a model may be named on by its size."""
+_CLAIM_WORDS = ("oom", "error", "fail", "work", "fine", " ok", "okay", "succe", "normal", "than", "since", "from", "crash",
+                "unable", "can't", "cannot", "no ", "memory", "broke", "regress", "升级", "报错", "失败", "正常", "成功",
+                "问题", "可以", "不能", "无法", "不行", "显存", "却")
+"""Words a sentence that says a release works or fails holds one of."""
+_GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "going up", "leak", "上涨", "增长", "增加",
+                 "提升", "升高", "泄")
+_PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
+    ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
+        f"{i}d" for i in range(1, 10))),
+    ("memory_question", _MEMORY_QUESTION, ("memory", "显存")),
+    ("tp_prose", _TP_PROSE, ("tp", "tensor")),
+    ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
+    ("memory_growth", _GROWTH, _GROWTH_WORDS),
+    ("serving_oom", _SERVING_OOM, ("oom", "out of memory", "显存")),
+)
+"""The facts of the reporter's sentences, each pattern with words one of which its lines hold (lower-cased)."""
 
 
-def _prose(ev: Evidence, lines: list[str], prose: set[int]) -> None:
-    """What the reporter's sentences (``prose``: lines no program printed) say: the TP, a model by its size, memory
-    that grows, an out-of-memory while serving, a question about memory use. Each pattern runs once over the whole
-    text (none crosses a line end); its matches on prose lines are facts."""
+def _prose(ev: Evidence, lines: list[str], lows: list[str], prose: set[int]) -> None:
+    """What the reporter's sentences (``prose``: lines no program printed) say: prefill/decode disaggregation, the
+    TP, a model by its size, memory that grows, an out-of-memory while serving, a question about memory use. Each
+    pattern runs only on the prose lines that hold one of its words."""
+    where = lines_holding(lows, {w for _, _, words in _PROSE_FACTS_RX for w in words})
     text = "\n".join(lines)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line) + 1)
+    sized = {bisect.bisect_right(starts, m.start()) for m in _SIZE_HINT.finditer(text)}
     found: list[tuple[int, str, Any]] = []
-    for key, rx in _PROSE_FACTS_RX:
-        seen: set[int] = set()
-        for m in rx.finditer(text):
-            n = bisect.bisect_right(starts, m.start())
-            if n in prose and n not in seen:
-                seen.add(n)
+    for key, rx, words in _PROSE_FACTS_RX:
+        for n in sorted((set().union(*(where[w] for w in words)) if words else sized) & prose):
+            if m := rx.search(lines[n - 1]):
                 found.append((n, key, int(m["v"]) if key == "tp_prose" else m.group(0) if key == "model_mention"
                               else True))
     for n, key, value in sorted(found, key=lambda f: f[0]):
         ev.add(key, value, n, lines[n - 1])
+
+
+_MESSAGE_STARTS = tuple(sorted({a.split("…")[0].strip().lower() for a in anchors() if len(a.split("…")[0].strip()) >= 12}))
+"""The opening words of each catalogued message (``kvaudit.loglines.anchors``): a line holding one may be a message a
+paste wrapped onto the next lines."""
+_CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG) \S+ \S+ "
+                        r"\[[\w.]+:\d+\]\s*)?[^\w(\[-]*")
+"""What a continued line starts with before the message goes on: a log prefix, a quote bar (``▎``), blanks."""
+
+
+def _log_facts(lines: list[str], n: int, line: str, low: str) -> list[tuple[str, Any]]:
+    """The facts of line ``n`` by the catalogue of vLLM's and vllm-ascend's own formats (``kvaudit.loglines``); a
+    message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole."""
+    got = read_line(line)
+    if got or not any(start in low for start in _MESSAGE_STARTS):
+        return got
+    joined = line.rstrip()
+    for k in range(n, min(n + 3, len(lines))):
+        joined += " " + _CONTINUED.sub("", lines[k], count=1).strip()
+        got = read_line(joined)
+        if got:
+            return got
+    return []
 
 
 def _shell_value(text: str) -> str:

@@ -28,7 +28,7 @@ them beside ``config.json`` (``hf_quant_config.json`` of ModelOpt, ``quantize_co
 REMOTE_CODE_FILES = ("*.py",)
 """With ``--trust-remote-code``, the repository's Python files: the ``auto_map`` modules and what they import."""
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 """``org/name`` as the Hub spells repository ids (``huggingface_hub.utils.validate_repo_id``); a bare name
 (``gpt2``) is a Hub id too where no preset or local path has that name."""
 
@@ -41,7 +41,12 @@ def is_hub_id(ref: str) -> bool:
 
 def names_hub_model(ref: str) -> bool:
     """Whether ``ref`` names a Hub model: it reads as a Hub id and no local path has that name (as vLLM decides)."""
-    return is_hub_id(ref) and not Path(ref).expanduser().exists()
+    if not is_hub_id(ref):
+        return False
+    try:
+        return not Path(ref).expanduser().exists()
+    except OSError:  # a name no file system holds (too long): no path, and no Hub id either
+        return False
 
 
 def locate(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> Path:

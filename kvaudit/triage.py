@@ -1094,7 +1094,7 @@ def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
     if model is None or not isinstance(model.value, str):
         return None
     name = model.value.lower()
-    m = re.search(r"(?<![a-z\d.])(?:(\d+)x)?(\d+(?:\.\d+)?)b(?![a-z])", name)
+    m = re.search(r"(?<![a-z\d.])(?:(\d{1,3})x)?(\d{1,4}(?:\.\d{1,3})?)b(?![a-z])", name)  # (no model has 10^13)
     if m is None:
         return None
     params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)

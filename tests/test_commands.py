@@ -133,3 +133,12 @@ def test_a_device_out_of_memory_is_no_failure_outside_the_plan():
     for report in ("threads/vllm-ascend-3308.txt", "threads/vllm-10569.txt", "ascend-0.11-qwen3-next-oom.log"):
         lines = clean_lines((ROOT / "fixtures" / "reports" / report).read_text())
         assert failures(lines) == [], report
+
+
+def test_a_message_a_paste_wrapped_onto_the_next_line_is_read_whole():
+    """vLLM 0.23's refusal (vllm/v1/core/kv_cache_utils.py) as a quoted block wraps it, at the comma."""
+    got = _facts("> ValueError: To serve at least one request with the model's max seq len (196608),\n"
+                 "> (23.25 GiB KV cache is needed, which is larger than the available KV cache memory (22.50 GiB). "
+                 "Based on the available memory, the estimated maximum model length is 188416.")
+    assert got["max_model_len"] == [196608] and got["estimated_max_model_len"][0] == 188416
+    assert got["kv_needed"] == [round(23.25 * (1 << 30))] and got["kv_capacity_error"]
