@@ -25,7 +25,7 @@ from kvaudit.commands import Launch, command_words, expand, read_call, read_word
 from kvaudit.errors import UsageError
 from kvaudit.failures import failures
 from kvaudit.lines import lines_holding
-from kvaudit.loglines import anchors, read_line
+from kvaudit.loglines import anchors, needles, read_line
 from kvaudit.oom import parse_oom
 
 MAX_REPORT_BYTES = 16 << 20
@@ -461,6 +461,13 @@ class _Command:
     """``works`` or ``fails`` where the paste says so next to the command."""
 
 
+def _all_words() -> tuple[str, ...]:
+    from kvaudit.failures import WORDINGS
+
+    return tuple(sorted(set(_WORDS) | {"0."} | _NEEDLES | {w for _, _, words in _PROSE_FACTS_RX for w in words}
+                        | {w for _, _, words, _ in WORDINGS for w in words}))
+
+
 def extract(lines: list[str], title: str | None = None) -> Evidence:
     """Every fact the report's lines hold. ``title`` is the issue's title, given apart; without it a
     first line that reads like one (``[Bug]: ...``) is taken as the title."""
@@ -479,8 +486,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     pip_show: str | None = None
     imported = 0
     lows = [line.lower() for line in lines]
-    ruled = _rule_facts(lines, lows)
-    claim_lines = set().union(*lines_holding(lows, ("0.",)).values())
+    where = lines_holding(lows, _ALL_WORDS)  # every word any reader gates on, found in one pass over the text
+    ruled = _rule_facts(lines, lows, where)
+    claim_lines = where["0."]
+    logged = set().union(*(where[w] for w in _NEEDLES))
     prosed: list[int] = []
     for n, line in enumerate(lines, start=1):
         low = lows[n - 1]
@@ -531,10 +540,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                 parts[-1] = parts[-1][:-1]
                 parts.append(lines[k].rstrip())
                 k += 1
-            words = split(expand(" ".join(parts), variables))
-            if m.re is _ARGS_VAR:  # the variable's value, unquoted, is the argument list
-                words = [w for quoted in words for w in split(quoted)]
-            launch = read_words(command_words(words))
+            launch = _launch(expand(" ".join(parts), variables), m.re is _ARGS_VAR)
             _read_launch(ev, n, line, launch)
             if launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
@@ -555,8 +561,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("worker_tp_rank", int(m["v"]), n, line)
         if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
-        if frame is None:
-            for key, value in _log_facts(lines, n, line, low):  # vLLM's and vllm-ascend's own formats
+        if frame is None and n in logged:
+            for key, value in _log_facts(lines, n, line):  # vLLM's and vllm-ascend's own formats
                 ev.add(key, value, n, line)
         if "available memory" in low and (m := _ASCEND_AVAILABLE.search(line)):
             ev.add("available_kv", int(m["a"]), n, line)
@@ -588,13 +594,13 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     break
         if line.lstrip().startswith("|"):
             _smi(ev, n, line)
-    _prose(ev, lines, lows, set(prosed))
+    _prose(ev, lines, set(prosed), where)
     for n, key, value in ruled:
         ev.add(key, value, n, lines[n - 1])
     for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
         ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
     _launches(ev, commands, lines)
-    for kind, what, n in failures(lines):
+    for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
         phase = _phase(frames, oom.line)
@@ -612,10 +618,9 @@ _NOT_IN_FRAMES = {"device_nominal_gb", "model_mention"}
 _EVERY_MATCH = {"model_mention"}
 
 
-def _rule_facts(lines: list[str], lows: list[str]) -> list[tuple[int, str, Any]]:
+def _rule_facts(lines: list[str], lows: list[str], where: dict[str, set[int]]) -> list[tuple[int, str, Any]]:
     """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
     words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
-    where = lines_holding(lows, _WORDS)
     out: list[tuple[int, str, Any]] = []
     for key, rx, conv, groups in _RULES:
         candidates = None
@@ -769,7 +774,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
     ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
         f"{i}d" for i in range(1, 10))),
     ("memory_question", _MEMORY_QUESTION, ("memory", "显存")),
-    ("tp_prose", _TP_PROSE, ("tp", "tensor")),
+    ("tp_prose", _TP_PROSE, ("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel")),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, _GROWTH_WORDS),
     ("serving_oom", _SERVING_OOM, ("oom", "out of memory", "显存")),
@@ -777,11 +782,10 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
 """The facts of the reporter's sentences, each pattern with words one of which its lines hold (lower-cased)."""
 
 
-def _prose(ev: Evidence, lines: list[str], lows: list[str], prose: set[int]) -> None:
+def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set[int]]) -> None:
     """What the reporter's sentences (``prose``: lines no program printed) say: prefill/decode disaggregation, the
     TP, a model by its size, memory that grows, an out-of-memory while serving, a question about memory use. Each
     pattern runs only on the prose lines that hold one of its words."""
-    where = lines_holding(lows, {w for _, _, words in _PROSE_FACTS_RX for w in words})
     text = "\n".join(lines)
     starts = [0]
     for line in lines:
@@ -797,6 +801,7 @@ def _prose(ev: Evidence, lines: list[str], lows: list[str], prose: set[int]) -> 
         ev.add(key, value, n, lines[n - 1])
 
 
+_NEEDLES = needles()
 _MESSAGE_STARTS = tuple(sorted({a.split("…")[0].strip().lower() for a in anchors() if len(a.split("…")[0].strip()) >= 12}))
 """The opening words of each catalogued message (``kvaudit.loglines.anchors``): a line holding one may be a message a
 paste wrapped onto the next lines."""
@@ -805,16 +810,19 @@ _CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:I
 """What a continued line starts with before the message goes on: a log prefix, a quote bar (``▎``), blanks."""
 
 
-def _log_facts(lines: list[str], n: int, line: str, low: str) -> list[tuple[str, Any]]:
+def _log_facts(lines: list[str], n: int, line: str) -> list[tuple[str, Any]]:
     """The facts of line ``n`` by the catalogue of vLLM's and vllm-ascend's own formats (``kvaudit.loglines``); a
     message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole."""
     got = read_line(line)
+    low = line.lower()
     if got or not any(start in low for start in _MESSAGE_STARTS):
         return got
-    joined = line.rstrip()
+    joined, alone = line.rstrip(), set()
     for k in range(n, min(n + 3, len(lines))):
-        joined += " " + _CONTINUED.sub("", lines[k], count=1).strip()
-        got = read_line(joined)
+        more = _CONTINUED.sub("", lines[k], count=1).strip()
+        joined += " " + more
+        alone |= set(read_line(more))
+        got = [f for f in read_line(joined) if f not in alone]  # what the start line adds, not the next lines' own
         if got:
             return got
     return []
@@ -831,6 +839,22 @@ def _shell_value(text: str) -> str:
 def _continues(lines: list[str], n: int) -> bool:
     """Whether line ``n`` continues a command begun above it (the previous line ends with a backslash)."""
     return n >= 2 and lines[n - 2].rstrip().endswith("\\")
+
+
+_LAUNCHES: dict[tuple[str, bool], Launch] = {}
+
+
+def _launch(text: str, in_variable: bool) -> Launch:
+    """A launch's words (shlex, then vLLM's parser), read once per text (a paste repeats its commands)."""
+    key = (text, in_variable)
+    if key not in _LAUNCHES:
+        words = split(text)
+        if in_variable:  # the variable's value, unquoted, is the argument list
+            words = [w for quoted in words for w in split(quoted)]
+        if len(_LAUNCHES) > 4096:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = read_words(command_words(words))
+    return _LAUNCHES[key]
 
 
 def _read_launch(ev: Evidence, n: int, line: str, launch: Launch, add: bool = False) -> None:
@@ -919,3 +943,7 @@ def _smi(ev: Evidence, n: int, line: str) -> None:
                 ev.add("hbm_used_mb", int(m["used"]), n, line)
                 ev.add("hbm_total_mb", int(m["total"]), n, line)
                 break
+
+
+_ALL_WORDS = _all_words()
+"""Every word a reader of this module (or ``kvaudit.failures``) gates its patterns on."""

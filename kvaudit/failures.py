@@ -32,7 +32,8 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"DefaultCPUAllocator: (?:can't|not enough memory)|\[Errno 12\] Cannot allocate memory|std::bad_alloc|"
         r"^\s*MemoryError\b|\bMemoryError: Unable to allocate", re.IGNORECASE)),
     # the reporter naming the host's memory ("system RAM at 100%", "CPU memory runs out", "系统内存不足")
-    (HOST, "the host's memory named", ("host", "system", "cpu", "physical", "ram", "内存"), re.compile(
+    (HOST, "the host's memory named", ("host ram", "host memory", "system ram", "system memory", "cpu ram", "cpu memory",
+                                  "physical ram", "physical memory", " ram", "ram ", "内存"), re.compile(
         r"(?:host|system|cpu|physical)\s+(?:ram|memory)\b.{0,40}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"oom|insufficient|not enough|leak|grow)|\bRAM\b.{0,30}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"\bOOM\b|leak)|(?:系统|主机|物理|CPU|cpu|host)\s*内存.{0,12}?(?:不足|耗尽|溢出|占满|爆|泄漏|泄露|增长|上涨|打满)",
@@ -85,15 +86,17 @@ ACTIONS = {
 }
 
 
-def failures(lines: list[str]) -> list[tuple[str, str, int]]:
-    """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line)."""
-    lows = [line.lower() for line in lines]
-    where = lines_holding(lows, {w for _, _, words, _ in WORDINGS for w in words})
+def failures(lines: list[str], where: dict[str, set[int]] | None = None) -> list[tuple[str, str, int]]:
+    """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line). ``where``: the lines each
+    word is on (``kvaudit.lines.lines_holding``), where the caller has them already."""
+    if where is None:
+        where = lines_holding([line.lower() for line in lines], {w for _, _, words, _ in WORDINGS for w in words})
+    holding = [set().union(*(where[w] for w in words)) for _, _, words, _ in WORDINGS]
     out: list[tuple[str, str, int]] = []
-    for n in sorted(set().union(*where.values())):
+    for n in sorted(set().union(*holding)):
         line = lines[n - 1]
-        for kind, what, words, rx in WORDINGS:
-            if any(n in where[w] for w in words) and rx.search(line):
+        for (kind, what, _, rx), lines_of in zip(WORDINGS, holding):
+            if n in lines_of and rx.search(line):
                 out.append((kind, what, n))
                 break
     return out

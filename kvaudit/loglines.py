@@ -304,6 +304,11 @@ _WORDS = frozenset(_BY_WORD)
 del _i, _e, _w
 
 
+def needles() -> set[str]:
+    """Each entry's longest literal fragment, lower-cased: a line holds one of them, or no entry matches it."""
+    return {c.needle.lower() for c in _COMPILED}
+
+
 def anchors() -> list[str]:
     """The anchor phrases the catalogue's entries were picked by (``…`` for a placeholder), each once."""
     return sorted({e["anchor"] for e in CATALOGUE if e.get("anchor")})
