@@ -234,7 +234,36 @@ def compile_entry(entry: dict) -> re.Pattern:
             out.append(r"(.{0,240})")
         else:
             out.append(r"(.{0,240}?)")
-    return re.compile("".join(out))
+    # A line cut short (a paste's excerpt, a terminal's width) still gives the figures before the cut: after the first
+    # placeholder and the word that follows it, the rest is optional, word by word and placeholder by placeholder.
+    first = next((i for i, p in enumerate(ps) if p is None), len(ps))
+    atoms: list[tuple[str, bool]] = []  # (regex, is a placeholder)
+    for i, (part, piece) in enumerate(zip(out, ps)):
+        if piece is None or i < first:
+            atoms.append((part, piece is None))
+        else:
+            words = re.split(r"(\\s\+)", part)  # the literal's words and its \s+ runs
+            atoms += [(w, False) for w in words if w]
+    head_end = next((k for k in range(len(atoms)) if atoms[k][1]), len(atoms)) + 1  # through the first placeholder
+    words = 0
+    while head_end < len(atoms) and not atoms[head_end][1] and words < 3:  # and up to three words after it
+        words += atoms[head_end][0] != r"\s+"
+        head_end += 1
+    chunks: list[str] = []  # a placeholder with the three words after it (what says what it is: "GiB for weight"),
+    words_after = 3         # then each further word
+    for regex, placeholder in atoms[head_end:]:
+        if placeholder:
+            chunks.append(regex)
+            words_after = 0
+        elif words_after < 3 and chunks:
+            chunks[-1] += regex
+            words_after += regex != r"\s+"
+        else:
+            chunks.append(regex)
+    nested = ""
+    for chunk in reversed(chunks):
+        nested = f"(?:{chunk}{nested})?"
+    return re.compile("".join(a for a, _ in atoms[:head_end]) + nested)
 
 
 def _value(text: str, unit: str) -> Any:
@@ -271,14 +300,17 @@ def _keyword(ps: list) -> str | None:
 
 
 class _Compiled:
-    __slots__ = ("entry", "rx", "needle", "keys", "units", "marks")
+    __slots__ = ("entry", "rx", "needle", "keys", "units", "marks", "anchor_parts")
 
     def __init__(self, entry: dict):
         ps, _units = matched_part(entry)
         self.entry = entry
         self.rx = compile_entry(entry)
-        frags = [re.split(r"\s+", text.strip()) for text, _, _ in _fragments(ps)]
-        self.needle = max((w for f in frags for w in f), key=len, default="")
+        first = next((i for i, p in enumerate(ps) if p is None), len(ps))
+        head = [p for p in ps[:first + 2] if p is not None]  # what a line cut short still holds
+        self.needle = max((w for text in head for w in re.split(r"\s+", text.strip())), key=len, default="")
+        anchor = entry.get("anchor") or ""
+        self.anchor_parts = [a.strip() for a in anchor.split("…") if a.strip()]
         self.keys = entry["fact_keys"]
         self.units = entry["units"]
         self.marks = [(k, entry.get("anchor") or k) for k in entry.get("marks", [])]
@@ -330,13 +362,14 @@ def match_line(line: str) -> list[tuple[dict, list[tuple[str, Any]]]]:
             continue
         facts: list[tuple[str, Any]] = []
         for key, unit, text in zip(c.keys, c.units, m.groups()):
-            if key is None:
+            if key is None or text is None:  # (a placeholder after where the line was cut)
                 continue
             try:
                 facts.append((key, _value(text, unit)))
             except (ValueError, OverflowError):  # a figure no float or integer holds: no fact
                 continue
-        facts.extend(c.marks)
+        if all(a in line for a in c.anchor_parts):  # a mark only where the message's own words are on the line
+            facts.extend(c.marks)
         out.append((c.entry, facts))
     return out
 

@@ -231,3 +231,17 @@ def test_reading_imports_neither_torch_nor_vllm():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'vllm_ascend')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_line_cut_short_gives_the_figures_before_the_cut_and_none_after():
+    """vLLM 0.18-0.24's profile breakdown (vllm/v1/worker/gpu_worker.py) as a paste cuts it: each figure read with
+    the words that say what it is ("GiB for weight"); a figure whose words were cut is not read."""
+    gib = 1 << 30
+    line = ("(Worker_TP1 pid=1) INFO [gpu_worker.py:857] Free memory on device (77.78/79.33 GiB) on startup. Desired GPU "
+            "memory utilization is (0.85, 67.43 GiB). Actual usage is 16.92 GiB for weight, 5.66 GiB for peak "
+            "activation, 0.13 GiB for non-torch memory, and 1.34 GiB for CUDAGraph memory.")
+    got = dict(read_line(line))
+    assert {k: round(v / gib, 2) for k, v in got.items() if k in ("profiled_weights", "cudagraph_memory")} == {
+        "profiled_weights": 16.92, "cudagraph_memory": 1.34}
+    cut = dict(read_line(line[:line.index("for weight") + len("for wei")]))
+    assert round(cut["requested_memory"] / gib, 2) == 67.43 and "profiled_weights" not in cut
