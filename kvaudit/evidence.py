@@ -48,8 +48,8 @@ def _plausible() -> dict[str, tuple[float, float]]:
     return {
         **dict.fromkeys(("tp", "tp_works", "tp_fails"), (1, LIMITS["tp"])), "pp": (1, LIMITS["pp"]), "dp": (1, 1 << 16),
         "device_count": (1, 1 << 16), **dict.fromkeys(("worker_tp_rank", "rank"), (0, 1 << 16)),
-        **dict.fromkeys(("max_model_len", "estimated_max_model_len"), (1, LIMITS["max_model_len"])),
-        **dict.fromkeys(("gpu_memory_utilization", "util_works", "util_fails"), (1e-6, 1.0)),
+        **dict.fromkeys(("max_model_len", "estimated_max_model_len", "mml_prose"), (1, LIMITS["max_model_len"])),
+        **dict.fromkeys(("gpu_memory_utilization", "util_works", "util_fails", "util_prose"), (1e-6, 1.0)),
         "block_size": (1, LIMITS["block_size"]), "max_num_seqs": (1, LIMITS["max_num_seqs"]),
         "max_num_batched_tokens": (1, 1 << 30),
         **dict.fromkeys(("device_memory", "weights", "startup_free", "other_process", "kv_needed", "kv_cache_memory",
@@ -770,7 +770,15 @@ _CLAIM_WORDS = ("oom", "error", "fail", "work", "fine", " ok", "okay", "succe", 
 """Words a sentence that says a release works or fails holds one of."""
 _GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "going up", "leak", "上涨", "增长", "增加",
                  "提升", "升高", "泄")
+_UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:=|:|：|to|is|of|at|"
+                         r"为|设置为|设为|设置成|改为)?[ \t]*(?P<v>0?\.\d{1,3}|1\.0)(?![\d.])", re.IGNORECASE)
+"""A utilization the reporter states ("I set gpu_memory_utilization to 0.95", "utilization 0.4")."""
+_MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])max[_ -]model[_ -]len(?:gth)?[ \t]*(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*"
+                        r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
+"""A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
 _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
+    ("util_prose", _UTIL_PROSE, ("util", "利用率")),
+    ("mml_prose", _MML_PROSE, ("model_len", "model len", "model-len", "model_length", "model length")),
     ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
         f"{i}d" for i in range(1, 10))),
     ("memory_question", _MEMORY_QUESTION, ("memory", "显存")),
@@ -795,8 +803,8 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set
     for key, rx, words in _PROSE_FACTS_RX:
         for n in sorted((set().union(*(where[w] for w in words)) if words else sized) & prose):
             if m := rx.search(lines[n - 1]):
-                found.append((n, key, int(m["v"]) if key == "tp_prose" else m.group(0) if key == "model_mention"
-                              else True))
+                found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose") else float(m["v"])
+                              if key == "util_prose" else m.group(0) if key == "model_mention" else True))
     for n, key, value in sorted(found, key=lambda f: f[0]):
         ev.add(key, value, n, lines[n - 1])
 

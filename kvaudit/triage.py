@@ -371,10 +371,10 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
         if f := ev.first(key):
             values[name] = _from(f)
     p = PRESETS.get(exact) if exact else None
-    mml = ev.first("max_model_len")
+    mml = ev.first("max_model_len", "mml_prose")
     values["max model len"] = (_from(mml) if mml else _assumed(p.max_model_len, f"the {exact} preset's") if p
                                else _assumed(spec.max_position_embeddings if spec else None, "vLLM's default"))
-    util = ev.first("gpu_memory_utilization", "util_fails")
+    util = ev.first("gpu_memory_utilization", "util_fails", "util_prose")
     values["gpu_memory_utilization"] = (_assumed(0.9, "vLLM's default (not in the report)") if util is None else
                                         _from(util, note=" (the utilization the report says fails)")
                                         if util.key == "util_fails" else _from(util))

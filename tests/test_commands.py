@@ -142,3 +142,13 @@ def test_a_message_a_paste_wrapped_onto_the_next_line_is_read_whole():
                  "Based on the available memory, the estimated maximum model length is 188416.")
     assert got["max_model_len"] == [196608] and got["estimated_max_model_len"][0] == 188416
     assert got["kv_needed"] == [round(23.25 * (1 << 30))] and got["kv_capacity_error"]
+
+
+@pytest.mark.parametrize("sentence, util, mml", [
+    ("I set gpu_memory_utilization to 0.95 and max_model_len=16000 but it OOMs", [0.95], [16000]),
+    ("我把显存利用率设置为0.8，max model len 为 32768", [0.8], [32768]),
+    ("(EngineCore pid=1) INFO gpu_memory_utilization=0.9", [], []),  # a program's line, not a sentence
+])
+def test_values_stated_in_sentences(sentence, util, mml):
+    got = _facts(sentence)
+    assert got.get("util_prose", []) == util and got.get("mml_prose", []) == mml
