@@ -1,8 +1,8 @@
 """Triage scored on real issue threads: for each report of a folder of ``fixtures/reports`` (``threads``, ``develop``,
-``held-out``), ``kvaudit triage --format json`` as a user runs it, set against the diagnosis its thread reached
+``held-out-1``, ``held-out-2``), ``kvaudit triage --format json`` as a user runs it, set against the diagnosis its thread reached
 (``expected.json``, written from the thread before any run).
 
-    .venv/bin/python bench/triage_threads.py develop [held-out threads] [--show]
+    .venv/bin/python bench/triage_threads.py develop [held-out-1 held-out-2 threads] [--show]
 
 A report scores when the verdict is the thread's and, where the thread names a cause, the cause is too. Threads that
 reached no diagnosis (``verdict: null``) are not scored. Also counted, on every report: a traceback, an exit 2 (a real

@@ -240,6 +240,8 @@ _ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+)?[A-Z][A-Z0-9_]*ARGS\s*[
 """An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
 ``- VLLM_ARGS=...``)."""
 _LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
+_LLM_ENGINE = re.compile(r"(?<![\w.])LLM\(")
+"""An offline engine constructed (``llm = LLM(model=...)``): each holds its own device memory until it is freed."""
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
                      r"""(?P<v>"[^"]*"|'[^']*'|\$\(\([^)]*\)\)|[^\s;&|]+)""")
 _ARITHMETIC = re.compile(r"^\$\(\(\s*(?P<a>\d{1,18})\s*(?P<op>[*+-])\s*(?P<b>\d{1,18})\s*\)\)$")
@@ -253,7 +255,7 @@ _MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:[\w
                             r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
 _PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
-                          r"`?(?P<v>[A-Za-z0-9_./-]*[A-Za-z][A-Za-z0-9_./-]*)", re.IGNORECASE)
+                          r"`?(?P<v>[A-Za-z0-9_./-]*[A-Za-z][A-Za-z0-9_./-]*)(?![A-Za-z0-9_./-]|://)", re.IGNORECASE)
 def _gib(m: re.Match) -> int:
     """A ``v`` group printed in GiB, in bytes."""
     return round(float(m["v"]) * GiB)
@@ -294,8 +296,9 @@ _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
-                     r"constant\w*)?[ \t]*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)[^.\n]{0,40}?"
-                     r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*)|memory leak|leaks? memory|"
+                     r"constant\w*)?[ \t]*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)(?:[^.\n]|\.\d){0,50}?"
+                     r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*|per (?:request|inference|"
+                     r"iteration|step|call|batch))|memory leak|leaks? memory|"
                      r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
                      r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
 """Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
@@ -373,7 +376,8 @@ _PROSE_FACTS = [
     ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
                                  r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
                                  r"(?:GB|GiB|G)\b", re.IGNORECASE), _gib),
-    ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never) (?:release|free)s?\b[^.\n]{0,30}?"
+    ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never|can't|cannot|fails? to|failed to)"
+                                r"(?: seem to| appear to)? (?:release|free|clear)s?\b[^.\n]{0,30}?"
                                 r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放", re.IGNORECASE), lambda m: m.group(0)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
                                     r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True),
@@ -532,15 +536,16 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             _read_launch(ev, n, line, read_call(m["d"], {}), add=True)
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
             _read_launch(ev, n, line, read_call("Namespace(" + m["d"] + ")", {}), add=True)
-        if (("vllm serve" in low or "api_server" in low or "benchmark_" in low or "vllm bench" in low
-             or "vllm-openai" in low or "vllm_worker" in low or "-m vllm" in low) and (m := _CMD.search(line)) or "--" in line and
-                (m := _FLAGS_LINE.search(line) or _ARGS_VAR.search(line))) and not _continues(lines, n):
-            parts, k = [m["rest"].rstrip()], n
-            while parts[-1].endswith("\\") and k < len(lines):  # a command continued with "\"
-                parts[-1] = parts[-1][:-1]
-                parts.append(lines[k].rstrip())
-                k += 1
-            launch = _launch(expand(" ".join(parts), variables), m.re is _ARGS_VAR)
+        logical, k = line, n
+        if not _continues(lines, n):
+            while logical.rstrip().endswith("\\") and k < len(lines) and k < n + 60:  # a command continued with "\"
+                logical, k = logical.rstrip()[:-1] + " " + lines[k].rstrip(), k + 1
+        lowl = logical.lower() if k > n else low
+        if not _continues(lines, n) and (("vllm serve" in lowl or "api_server" in lowl or "benchmark_" in lowl
+                                          or "vllm bench" in lowl or "vllm-openai" in lowl or "vllm_worker" in lowl
+                                          or "-m vllm" in lowl) and (m := _CMD.search(logical))
+                                         or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(line))):
+            launch = _launch(expand(m["rest"], variables), m.re is _ARGS_VAR)
             _read_launch(ev, n, line, launch)
             if launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
@@ -776,6 +781,8 @@ _UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]atio
 _MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])max[_ -]model[_ -]len(?:gth)?[ \t]*(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*"
                         r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
+_HOST_NAMED = re.compile(r"\b(?:RAM|RSS|host|CPU memory|system memory)\b|(?<!显)内存|主机", re.IGNORECASE)
+"""A sentence about the host's memory, not the device's ("内存" without "显": RAM)."""
 _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
     ("util_prose", _UTIL_PROSE, ("util", "利用率")),
     ("mml_prose", _MML_PROSE, ("model_len", "model len", "model-len", "model_length", "model length")),
@@ -802,6 +809,8 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set
     found: list[tuple[int, str, Any]] = []
     for key, rx, words in _PROSE_FACTS_RX:
         for n in sorted((set().union(*(where[w] for w in words)) if words else sized) & prose):
+            if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
+                continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.failures says so
             if m := rx.search(lines[n - 1]):
                 found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose") else float(m["v"])
                               if key == "util_prose" else m.group(0) if key == "model_mention" else True))
@@ -896,9 +905,13 @@ def _outcome(lines: list[str], first: int, last: int) -> str | None:
 
 
 def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
-    """The launch that failed sets the deployment; a launch the paste says works is evidence."""
+    """The launch that failed sets the deployment; a launch the paste says works is evidence; a second ``LLM(...)`` in
+    one Python paste is a second engine in the same process."""
     if not commands:
         return
+    engines = [c for c in commands if _LLM_ENGINE.search(c.text)]
+    if len(engines) >= 2:
+        ev.add("second_engine", engines[1].line, engines[1].line, engines[1].text)
     titled = {f.line for f in ev.all("title")}
     errors = sorted(f.line for f in ev.all("oom") + ev.all("oom_mentioned") + ev.all("kv_capacity_error")
                     if f.line not in titled)

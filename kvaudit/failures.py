@@ -38,11 +38,16 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"oom|insufficient|not enough|leak|grow)|\bRAM\b.{0,30}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"\bOOM\b|leak)|(?:系统|主机|物理|CPU|cpu|host)\s*内存.{0,12}?(?:不足|耗尽|溢出|占满|爆|泄漏|泄露|增长|上涨|打满)",
         re.IGNORECASE)),
+    # the host's memory said to grow or leak ("内存（RAM）不自动清理 ... RAM增长到极限值", "Host内存上涨", an RSS that grows)
+    (HOST, "the host's memory growing", ("内存", "ram", "rss", "host"), re.compile(
+        r"(?<!显)内存(?:泄漏|泄露)|(?:\bRAM\b|\bRSS\b|Host ?内存|host memory|CPU memory|系统内存|主机内存)(?:[^.\n]|\.\d){0,30}?"
+        r"(?:增长|上涨|增加|grows?|growing|increas\w*|leak\w*|不自动清理|not (?:freed|released))", re.IGNORECASE)),
     # NCCL's own errors (nccl.h ncclResult_t names; torch's "NCCL error in: ..."; cupy's NcclError) and the shared
     # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment")
-    (COLLECTIVE, "NCCL", ("nccl", "shared memory segment"), re.compile(
+    (COLLECTIVE, "NCCL", ("nccl", "shared memory segment", "/dev/shm"), re.compile(
         r"NCCL error|NCCL_ERROR_[A-Z_]+|\bnccl(?:SystemError|UnhandledCudaError|InternalError|InvalidUsage|"
-        r"RemoteError)\b|NCCL WARN|Error while creating shared memory segment|ncclShmOpen|NcclError",
+        r"RemoteError)\b|NCCL WARN|Error while creating shared memory segment|ncclShmOpen|NcclError|"
+        r"/dev/shm has only \d+ bytes",
         re.IGNORECASE)),
     # HCCL (torch_npu's "HCCL function error: HcclGetRootInfo(...), error code is 11", "call hccl api failed",
     # CANN's EI*** HCCL error codes)

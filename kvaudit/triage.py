@@ -974,6 +974,14 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = (f"the device ran out because {CAUSES[cause]} ({_where(f, 80)}): the engine used the first visible "
                 "device, which other work may hold.")  # type: ignore[arg-type]
         actions.append("Set CUDA_VISIBLE_DEVICES in the shell, or before the first `import torch` / `import vllm`.")
+    elif ev.first("second_engine") is not None:
+        cause = "another-process"
+        second = ev.first("second_engine")
+        text = (f"the paste starts a second engine in the same process ({_where(second, 100)}): the first engine's "  # type: ignore[arg-type]
+                "weights and KV cache are still held (a new `LLM` does not free the old one), outside the new engine's "
+                "profile.")
+        actions.append("Free the first engine before the second (`del llm`, `gc.collect()`, `torch.cuda.empty_cache()`, "
+                       "and vLLM's distributed cleanup), or run each model in its own process.")
     elif kept is not None:
         cause = "another-process"
         text = (f"the device ran out because memory was not released ({_where(kept, 120)}): what an earlier engine or "

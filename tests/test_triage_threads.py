@@ -102,3 +102,34 @@ def test_develop_thread_verdict_cause_and_facts(name):
             assert value.lower() in str(t.deployment["model"].value).lower() + t.deployment["model"].source.lower()
         elif (name, key) != ("vllm-15228.txt", "max model len"):  # (its log is the working release's)
             assert t.deployment[key].value == value, (key, t.deployment[key])
+
+
+HELD_OUT_1 = ROOT / "fixtures" / "reports" / "held-out-1"
+HELD_OUT_1_EXPECTED = {k: v for k, v in json.loads((HELD_OUT_1 / "expected.json").read_text()).items()
+                       if not k.startswith("_")}
+MISSED_1 = {
+    "vllm-14992.txt": "a commit on main, no release named: the V1 default it changed is not read",
+    "vllm-15216.txt": "the profile run's batch for an audio model is not in the report's figures",
+    "vllm-17238.txt": "the fix (a smaller max_num_seqs) is the profile's, the refusal says no room",
+    "vllm-18550.txt": "images per prompt in the profile run are not read",
+    "vllm-188.txt": "pinned host memory under WSL is not named",
+    "vllm-2345.txt": "a ps table's RSS is not read as the host's memory",
+    "vllm-3285.txt": "the weights of fp16 Mixtral against 4 GPUs are not planned from the name alone",
+    "vllm-ascend-1465.txt": "large images while serving show as a TimeoutError",
+    "vllm-ascend-4866.txt": "a Mooncake connection failure is not named as the collective library",
+    "vllm-ascend-7661.txt": "a CANN/HDK slowdown, not a failure",
+    "zai-org-GLM-4-117.txt": "a container's RAM limit is not in the report",
+}
+"""First held-out threads triage still misses after their study (bench/triage_threads.py held-out-1); strict."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=MISSED_1[n], strict=True))
+                                  if n in MISSED_1 else n for n in sorted(HELD_OUT_1_EXPECTED)])
+def test_first_held_out_thread_verdict_and_cause(name):
+    """The first held-out half (fixtures/reports/held-out-1/README.md: measured once at 38 %, then developed on)."""
+    want = HELD_OUT_1_EXPECTED[name]
+    _planned_here(want)
+    t = triage((HELD_OUT_1 / name).read_text())
+    jsonschema.validate(t.to_dict(), SCHEMA)
+    if want["verdict"] is not None:
+        assert (t.verdict, t.cause if "cause" in want else None) == (want["verdict"], want.get("cause")), t.headline
