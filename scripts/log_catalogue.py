@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "kvaudit" / "log_formats.json"
 
-VLLM_RELEASES = ["0.2.7", "0.3.3", "0.4.3", "0.5.5", "0.6.3", "0.6.4", "0.6.5", "0.6.6", "0.7.3", "0.8.1", "0.8.5", "0.9.2", "0.10.2", "0.11.0",
-                 "0.13.0", "0.18.0", "0.23.0", "0.24.0", "0.28.0", "0.33.0"]
+VLLM_RELEASES = ["0.2.7", "0.3.3", "0.4.3", "0.5.5", "0.6.3", "0.6.4", "0.6.5", "0.6.6", "0.7.3", "0.8.1", "0.8.5",
+                 "0.9.2", "0.10.2", "0.11.0", "0.13.0", "0.18.0", "0.23.0", "0.24.0", "0.28.0", "0.33.0"]
 """The vLLM releases scanned: a spread from the first V0 memory lines to the V1 profile breakdown."""
 
 
