@@ -468,7 +468,7 @@ class _Command:
 def _all_words() -> tuple[str, ...]:
     from kvaudit.failures import WORDINGS
 
-    return tuple(sorted(set(_WORDS) | {"0."} | _NEEDLES | {w for _, _, words in _PROSE_FACTS_RX for w in words}
+    return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, words in _PROSE_FACTS_RX for w in words}
                         | {w for _, _, words, _ in WORDINGS for w in words}))
 
 
@@ -492,7 +492,6 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     lows = [line.lower() for line in lines]
     where = lines_holding(lows, _ALL_WORDS)  # every word any reader gates on, found in one pass over the text
     ruled = _rule_facts(lines, lows, where)
-    claim_lines = where["0."]
     logged = set().union(*(where[w] for w in _NEEDLES))
     prosed: list[int] = []
     for n, line in enumerate(lines, start=1):
@@ -508,7 +507,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         prose = frame is None and not _LOG_PREFIX.match(line)
         if prose:
             prosed.append(n)
-            if n in claim_lines and n != title_line and any(w in low for w in _CLAIM_WORDS) and (
+            if "0." in line and n != title_line and any(w in low for w in _CLAIM_WORDS) and (
                     _BARE_VERSION.search(line) or "than" in low or "since" in low or "from" in low or "升级" in line):
                 _release_claims(ev, n, line)
         if pip_show and (m := _PIP_SHOW_VERSION.search(line)):
@@ -788,7 +787,8 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
     ("mml_prose", _MML_PROSE, ("model_len", "model len", "model-len", "model_length", "model length")),
     ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
         f"{i}d" for i in range(1, 10))),
-    ("memory_question", _MEMORY_QUESTION, ("memory", "显存")),
+    ("memory_question", _MEMORY_QUESTION, ("gpu memory", "npu memory", "device memory", "vram memory", "cuda memory",
+                                           "memory usage", "memory consumption", "memory footprint", "显存")),
     ("tp_prose", _TP_PROSE, ("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel")),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, _GROWTH_WORDS),
