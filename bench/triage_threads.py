@@ -51,7 +51,8 @@ def score(folder: str, show: bool = False) -> dict:
     """Run every report of the folder; print a row per report and the totals; return the totals."""
     base = REPORTS / folder
     expected = {k: v for k, v in json.loads((base / "expected.json").read_text()).items() if not k.startswith("_")}
-    totals = dict(reports=0, scored=0, right=0, tracebacks=0, exit2=0, allocator_contradicted=0, asked_stated=0)
+    totals = dict(reports=0, scored=0, right=0, verdict_right=0, tracebacks=0, exit2=0, allocator_contradicted=0,
+                  asked_stated=0)
     for name in sorted(expected):
         want = expected[name]
         t0 = time.perf_counter()
@@ -79,13 +80,16 @@ def score(folder: str, show: bool = False) -> dict:
             totals["scored"] += 1
             ok = got_v == want["verdict"] and ("cause" not in want or got_c == want["cause"])
             totals["right"] += ok
+            totals["verdict_right"] += got_v == want["verdict"]
         mark = "-" if ok is None else "ok" if ok else "XX"
         print(f"{mark:2} {name:34} want {want['verdict']}/{want.get('cause', '')}  got {got_v}/{got_c}  "
               f"{took:5.1f}s {'; '.join(notes)}")
         if show and ok is False and doc:
             print("     " + doc.get("headline", "")[:400])
     pct = 100 * totals["right"] / totals["scored"] if totals["scored"] else 0.0
-    print(f"{folder}: {totals['right']}/{totals['scored']} verdict and cause right ({pct:.0f} %); "
+    vpct = 100 * totals["verdict_right"] / totals["scored"] if totals["scored"] else 0.0
+    print(f"{folder}: {totals['right']}/{totals['scored']} verdict and cause right ({pct:.0f} %), "
+          f"{totals['verdict_right']} verdicts right ({vpct:.0f} %); "
           f"{totals['reports']} reports, {totals['tracebacks']} tracebacks, {totals['exit2']} exit 2, "
           f"{totals['allocator_contradicted']} allocator blamed against the thread, "
           f"{totals['asked_stated']} questions about a stated fact")
