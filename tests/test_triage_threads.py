@@ -73,9 +73,27 @@ def test_a_real_report_is_never_refused(name, capsys):
     assert code == 0 and out.startswith("### kvaudit triage: "), err
 
 
+def _expected(folder) -> dict:
+    return {k: v for k, v in json.loads((folder / "expected.json").read_text()).items() if not k.startswith("_")}
+
+
+def _cases(expected: dict, missed: dict) -> list:
+    """Each report, a known miss strict-xfailed with its reason (a fix shows as a failure to update the list)."""
+    return [pytest.param(n, marks=pytest.mark.xfail(reason=missed[n], strict=True)) if n in missed else n
+            for n in sorted(expected)]
+
+
+def _verdict_and_cause(folder, name: str, want: dict):
+    _planned_here(want)
+    t = triage((folder / name).read_text())
+    jsonschema.validate(t.to_dict(), SCHEMA)
+    if want["verdict"] is not None:
+        assert (t.verdict, t.cause if "cause" in want else None) == (want["verdict"], want.get("cause")), t.headline
+    return t
+
+
 DEVELOP = ROOT / "fixtures" / "reports" / "develop"
-DEVELOP_EXPECTED = {k: v for k, v in json.loads((DEVELOP / "expected.json").read_text()).items()
-                    if not k.startswith("_")}
+DEVELOP_EXPECTED = _expected(DEVELOP)
 MISSED = {
     "QwenLM-Qwen-589.txt": "the maintainer asked for the log; kvaudit concludes on the upstream allocator",
     "vllm-ascend-1127.txt": "the W8A8 weights not taking the quantized path is not in the report's figures",
@@ -85,16 +103,11 @@ MISSED = {
 """Develop threads whose diagnosis triage does not reach (bench/triage_threads.py develop); strict, so a fix shows."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=MISSED[n], strict=True))
-                                  if n in MISSED else n for n in sorted(DEVELOP_EXPECTED)])
+@pytest.mark.parametrize("name", _cases(DEVELOP_EXPECTED, MISSED))
 def test_develop_thread_verdict_cause_and_facts(name):
     """The develop half of the threads collected for issue 21 (fixtures/reports/develop/README.md)."""
     want = DEVELOP_EXPECTED[name]
-    _planned_here(want)
-    t = triage((DEVELOP / name).read_text())
-    jsonschema.validate(t.to_dict(), SCHEMA)
-    if want["verdict"] is not None:
-        assert (t.verdict, t.cause if "cause" in want else None) == (want["verdict"], want.get("cause")), t.headline
+    t = _verdict_and_cause(DEVELOP, name, want)
     for key, value in want["facts"].items():
         if key == "phase":
             assert t.phase == value or name in ("vllm-19613.txt",), key  # (the NCCL error's phase is not shown)
@@ -105,8 +118,7 @@ def test_develop_thread_verdict_cause_and_facts(name):
 
 
 HELD_OUT_1 = ROOT / "fixtures" / "reports" / "held-out-1"
-HELD_OUT_1_EXPECTED = {k: v for k, v in json.loads((HELD_OUT_1 / "expected.json").read_text()).items()
-                       if not k.startswith("_")}
+HELD_OUT_1_EXPECTED = _expected(HELD_OUT_1)
 MISSED_1 = {
     "vllm-14992.txt": "a commit on main, no release named: the V1 default it changed is not read",
     "vllm-15216.txt": "the profile run's batch for an audio model is not in the report's figures",
@@ -123,16 +135,10 @@ MISSED_1 = {
 """First held-out threads triage still misses after their study (bench/triage_threads.py held-out-1); strict."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=MISSED_1[n], strict=True))
-                                  if n in MISSED_1 else n for n in sorted(HELD_OUT_1_EXPECTED)])
+@pytest.mark.parametrize("name", _cases(HELD_OUT_1_EXPECTED, MISSED_1))
 def test_first_held_out_thread_verdict_and_cause(name):
     """The first held-out half (fixtures/reports/held-out-1/README.md: measured once at 38 %, then developed on)."""
-    want = HELD_OUT_1_EXPECTED[name]
-    _planned_here(want)
-    t = triage((HELD_OUT_1 / name).read_text())
-    jsonschema.validate(t.to_dict(), SCHEMA)
-    if want["verdict"] is not None:
-        assert (t.verdict, t.cause if "cause" in want else None) == (want["verdict"], want.get("cause")), t.headline
+    _verdict_and_cause(HELD_OUT_1, name, HELD_OUT_1_EXPECTED[name])
 
 
 HELD_OUT_2 = ROOT / "fixtures" / "reports" / "held-out-2"
