@@ -1,15 +1,14 @@
 """Read what users paste into an issue (logs, tracebacks, smi tables, version lists, commands, prose)
-into facts, each with the line it came from. Plain text in, no torch and no vLLM: this stays fast.
+into facts, each with the line it came from. Plain text in; only a launch line imports vLLM, for its parser.
 
-The shapes are those of public vLLM and vllm-ascend issue threads (``fixtures/reports/threads``):
-the issue title; log lines with or without ``(Worker_TP0 pid=N)`` or ``[rank0]:`` prefixes;
-``Initializing a V1 LLM engine`` config lines, ``non-default args: {...}``, the old api_server's
-``args: Namespace(...)``; ``vllm serve`` command lines (shell variables set earlier in the paste
-expanded) and ``LLM(...)`` Python reproducers; collect_env, pip lines, container image tags and
-versions in English or Chinese prose; vLLM V0's memory-profiling and ``# GPU blocks`` lines and V1's;
-torch and torch_npu out-of-memory messages; traceback frames; ``npu-smi info`` / ``nvidia-smi``
-tables; and facts users state in prose ("works with --enforce-eager", "0.6 works", "TP4 works, TP8
-fails", "another service holds 19 GB").
+Each kind of line is read by its own definitions: launches by the installed vLLM's argument parser
+(``kvaudit.commands``), log lines by vLLM's and vllm-ascend's own format strings (``kvaudit.loglines``),
+failures outside the device-memory plan by their programs' wording (``kvaudit.failures``), phases by the
+functions of vLLM's and vllm-ascend's tracebacks. What remains here: the issue title; engine config lines;
+collect_env, pip lines, container image tags and versions in English or Chinese prose, with the releases a
+sentence says work or fail; torch and torch_npu out-of-memory messages; ``npu-smi info`` / ``nvidia-smi``
+tables; and facts users state in prose ("works with --enforce-eager", "0.6 works", "TP4 works, TP8 fails",
+"another service holds 19 GB", "tensor_parallel_size=4", "PD separation, 2P1D", a model by its size).
 """
 
 from __future__ import annotations
