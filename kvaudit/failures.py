@@ -61,10 +61,12 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"no CUDA-capable device is detected|forward compatibility was attempted on non supported HW|"
         r"CUDA error: unknown error|cudaErrorInsufficientDriver|NVIDIA-SMI has failed", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
-    # times out", error 507014 / 507015)
-    (DRIVER, "the Ascend runtime", ("aicore", "5070", "rtstreamsynchronize"), re.compile(
+    # times out", error 507014 / 507015; the driver out of streams while ACL graphs are captured: "Alloc sq cq fail",
+    # "driver error:resource alloc fail")
+    (DRIVER, "the Ascend runtime", ("aicore", "5070", "rtstreamsynchronize", "driver error", "alloc sq cq"), re.compile(
         r"aicore (?:execution )?time(?:s)? ?out|\[aicore timeout\]|Aicore kernel execute failed|"
-        r"runtime result = 5070\d\d|rtStreamSynchronize execute failed", re.IGNORECASE)),
+        r"runtime result = 5070\d\d|rtStreamSynchronize execute failed|driver error:\s*resource alloc fail|"
+        r"Alloc sq cq fail", re.IGNORECASE)),
 )
 """Each kind of failure outside the plan, what prints it, words one of which its lines hold (lower-cased: a
 substring test first, as most log lines hold none), and its wording."""

@@ -30,7 +30,12 @@ _PATTERNS = {
     "free": [rf"{_SIZE} free\b", rf"of which {_SIZE} is free"],
     "allocated": [rf"{_SIZE} already allocated", rf"{_SIZE} is allocated by PyTorch"],
     "reserved": [rf"{_SIZE} reserved in total by PyTorch"],
+    "unallocated": [rf"{_SIZE} is reserved by PyTorch but unallocated"],
+    "this_process": [rf"this process has {_SIZE} memory in use"],
 }
+"""torch 2.1+ (c10/cuda/CUDACachingAllocator.cpp) prints what PyTorch reserved as allocated plus "reserved by PyTorch
+but unallocated", and, where the process can see itself, "Including non-PyTorch memory, this process has X memory in
+use"."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,21 @@ class OomMessage:
     free: int | None
     allocated: int | None
     reserved: int | None
+    unallocated: int | None = None
+    """torch 2.1+: reserved by PyTorch but not allocated."""
+    this_process: int | None = None
+    """torch 2.1+: all this process holds on the device, non-PyTorch memory included."""
+
+    @property
+    def held_here(self) -> int | None:
+        """What this process holds: its own figure where printed, else what its PyTorch reserved."""
+        if self.this_process is not None:
+            return self.this_process
+        if self.reserved is not None:
+            return self.reserved
+        if self.allocated is not None and self.unallocated is not None:
+            return self.allocated + self.unallocated
+        return None
 
 
 def _size(number: str, unit: str) -> int:

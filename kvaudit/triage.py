@@ -562,7 +562,7 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
     elif phase in ("weight loading", "memory profiling", "kv-cache planning"):
         why = f"the device ran out during {phase}, before any KV cache was allocated, so no allocator was involved"
     elif outside is not None and oom is not None and outside > 0.5 * oom.total:
-        why = (f"when it ran out, this process's PyTorch held {fmt_bytes(oom.reserved)} of the device's "
+        why = (f"when it ran out, this process held {fmt_bytes(oom.held_here)} of the device's "
                f"{fmt_bytes(oom.total)}; {fmt_bytes(outside)} was held outside it, more than any allocator of this "
                "process could account for")
     elif inputs.platform != "ascend" and (_device_ran_out(ev) or ev.first("oom_mentioned") or _changes(ev)
@@ -605,10 +605,10 @@ def phase_of(ev: Evidence) -> str | None:
 
 
 def _held_outside(oom: Any) -> int | None:
-    """Device memory an out-of-memory message shows outside this process's PyTorch: total − reserved − free."""
-    if oom is None or None in (oom.total, oom.reserved, oom.free):
+    """Device memory an out-of-memory message shows outside this process: total − what this process holds − free."""
+    if oom is None or None in (oom.total, oom.held_here, oom.free):
         return None
-    return oom.total - oom.reserved - oom.free
+    return oom.total - oom.held_here - oom.free
 
 
 def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> None:

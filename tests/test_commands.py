@@ -152,3 +152,8 @@ def test_a_message_a_paste_wrapped_onto_the_next_line_is_read_whole():
 def test_values_stated_in_sentences(sentence, util, mml):
     got = _facts(sentence)
     assert got.get("util_prose", []) == util and got.get("mml_prose", []) == mml
+
+
+def test_the_ascend_driver_out_of_streams_is_the_drivers():
+    lines = clean_lines((ROOT / "fixtures" / "reports" / "held-out-2" / "vllm-ascend-2629.txt").read_text())
+    assert failures(lines)[0][0] == DRIVER

@@ -70,3 +70,21 @@ def test_real_torch_npu_messages_of_both_formats(message, figures):
     o = parse_oom(message)
     assert o.device == "NPU 0" and o.tried == round(tried) and o.free == round(free)
     assert o.total == round(total_gib * (1 << 30)) and o.reserved == round(reserved_gib * (1 << 30))
+
+
+def test_what_this_process_holds_in_torchs_newer_message():
+    """torch 2.1+ (c10/cuda/CUDACachingAllocator.cpp), as QwenLM/Qwen#782 pasted it: what this process holds is its
+    own figure; without one, what its PyTorch allocated and reserved."""
+    from kvaudit.oom import parse_oom
+
+    gib = 1 << 30
+    seen = parse_oom("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 234.00 MiB. GPU 0 has a total "
+                     "capacty of 80 GiB of which 176.38 MiB is free. Process 4683 has 11.05 GiB memory in use. Process "
+                     "16753 has 1.71 GiB memory in use. Including non-PyTorch memory, this process has 18.80 GiB memory "
+                     "in use. Of the allocated memory 18.26 GiB is allocated by PyTorch, and 30.10 MiB is reserved by "
+                     "PyTorch but unallocated.")
+    assert seen.held_here == round(18.80 * gib)
+    alone = parse_oom("CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has a total capacty of 23.69 GiB of which "
+                      "24.56 MiB is free. Process 106008 has 23.66 GiB memory in use. Of the allocated memory 23.19 GiB "
+                      "is allocated by PyTorch, and 32.44 MiB is reserved by PyTorch but unallocated.")
+    assert alone.held_here == round(23.19 * gib) + round(32.44 * (1 << 20))
