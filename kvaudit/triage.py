@@ -915,13 +915,13 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         "CUDA/ACL graph capture", "serving requests")
     over_device = weights is not None and T and weights[0] > T and not running
     over_share = weights is not None and T and u and weights[0] > u * T
+    no_room = A is not None and A <= 0 or capacity is not None and "No available memory" in capacity.text
     if capacity is not None and "Mamba cache blocks" in capacity.text:
         cause = "budget-too-small-for-max-num-seqs"
         text = f"vLLM refused to start because {CAUSES[cause]} ({_where(capacity, 120)})."
         actions.append("Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory "
                        "(a higher `--gpu-memory-utilization`, a larger TP).")
-    elif not (changes and pair) and (A is not None and A <= 0 or capacity is not None and (
-            "No available memory" in capacity.text or "Insufficient memory" in capacity.text)):
+    elif no_room and not (changes and pair):
         cause = "no-room-for-kv-cache"
         share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
         text = ((f"vLLM refused to start because {CAUSES[cause]}" if capacity is not None else
@@ -938,8 +938,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                "about 2 GiB for the KV cache, if the device has that room.")
             else:
                 rec_u = None
-    elif capacity is not None and not (A is not None and A <= 0 or "No available memory" in capacity.text
-                                       or "Insufficient memory" in capacity.text):
+    elif capacity is not None and not no_room:
         cause = "budget-too-small-for-max-model-len"
         est = ev.first("estimated_max_model_len")
         need, have = ev.value("kv_needed"), ev.value("available_kv")
