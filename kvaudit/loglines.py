@@ -78,6 +78,15 @@ def _split_percent(fmt: str) -> list:
     return out
 
 
+def _after_string(text: str, j: int) -> int:
+    """The index after the Python string literal that opens at ``text[j]`` (a quote, or three), escapes skipped."""
+    q = text[j] * 3 if text.startswith(text[j] * 3, j) else text[j]
+    j += len(q)
+    while j < len(text) and not text.startswith(q, j):
+        j += 2 if text[j] == "\\" else 1
+    return j + len(q)
+
+
 def _field_end(fmt: str, i: int) -> int:
     """The index of the ``}`` closing the replacement field that opens at ``fmt[i]``: brackets and quotes inside an
     f-string's expression (``{d['a']}``, ``{x[:2]}``) and a nested spec (``{x:{w}}``) are skipped."""
@@ -85,11 +94,7 @@ def _field_end(fmt: str, i: int) -> int:
     while j < n:
         ch = fmt[j]
         if ch in "'\"":
-            q = ch * 3 if fmt.startswith(ch * 3, j) else ch
-            j += len(q)
-            while j < n and not fmt.startswith(q, j):
-                j += 2 if fmt[j] == "\\" else 1
-            j += len(q)
+            j = _after_string(fmt, j)
             continue
         if ch in "([{":
             depth += 1
@@ -110,11 +115,7 @@ def _split_field(field: str) -> tuple[str, str, str]:
     while j < n:
         ch = field[j]
         if ch in "'\"":
-            q = ch * 3 if field.startswith(ch * 3, j) else ch
-            j += len(q)
-            while j < n and not field.startswith(q, j):
-                j += 2 if field[j] == "\\" else 1
-            j += len(q)
+            j = _after_string(field, j)
             continue
         if ch in "([{":
             depth += 1

@@ -26,7 +26,6 @@ than computed), ``also_in`` (other files holding the same format).
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvaudit.releases import _sha256, cache_dir  # the sdist cache and its checksum, as kvaudit fetches releases
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "kvaudit" / "log_formats.json"
 
@@ -46,24 +47,8 @@ VLLM_RELEASES = ["0.2.7", "0.3.3", "0.4.3", "0.5.5", "0.6.3", "0.6.4", "0.6.5", 
 """The vLLM releases scanned: a spread from the first V0 memory lines to the V1 profile breakdown."""
 
 
-def cache_dir() -> Path:
-    """kvaudit's cache (as ``kvaudit.releases.cache_dir``): ``$KVAUDIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvaudit``."""
-    env = os.environ.get("KVAUDIT_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvaudit"
-
-
 def sdists() -> Path:
     return cache_dir() / "sdists"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _published(page: str, filename: str) -> tuple[str, str] | None:

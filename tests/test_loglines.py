@@ -245,3 +245,12 @@ def test_a_line_cut_short_gives_the_figures_before_the_cut_and_none_after():
         "profiled_weights": 16.92, "cudagraph_memory": 1.34}
     cut = dict(read_line(line[:line.index("for weight") + len("for wei")]))
     assert round(cut["requested_memory"] / gib, 2) == 67.43 and "profiled_weights" not in cut
+
+
+def test_a_string_inside_a_replacement_field_is_skipped_whole():
+    """f-string fields hold string literals (``{d['}']}``, ``{x!r:>{w}}``): a brace or quote inside one ends nothing."""
+    from kvaudit.loglines import _field_end, _split_field
+
+    fmt = "used {d['}'] + \"a'\"} GiB"
+    assert fmt[_field_end(fmt, fmt.index("{"))+1:] == " GiB"
+    assert _split_field("stats['a:b']!r:>8") == ("stats['a:b']", "r", ">8")
