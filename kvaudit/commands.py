@@ -409,3 +409,130 @@ def read_call(text: str, variables: dict[str, str]) -> Launch:
         else:
             facts.append(fact)
     return Launch(tuple(facts), tuple(unread), "Python's ast (keyword arguments, never executed)")
+
+
+# --- YAML/JSON: vLLM's --config file, a container's command and args ---------------------------------
+
+_KEY_LINE = re.compile(r"^(?P<ind>[ \t]*)(?:-[ \t]+)?(?P<k>[A-Za-z_][\w.-]*)[ \t]*:(?:[ \t]|$)")
+_ITEM_LINE = re.compile(r"^[ \t]*-(?:[ \t]|$)")
+_LAUNCH_KEYS = ("command", "args", "entrypoint")
+"""A container spec's keys (Kubernetes, Docker Compose) that hold a launch's words."""
+
+
+def config_blocks(lines: list[str]) -> list[tuple[int, int, str]]:
+    """Runs of lines that read as YAML mappings (``key: value``, list items, indented lines) holding an engine
+    argument's name or a container's command: ``(first line, last line, text)``, 1-based."""
+    keys = _engine_keys()
+    out: list[tuple[int, int, str]] = []
+    n = 0
+    while n < len(lines):
+        m = _KEY_LINE.match(lines[n])
+        if not m:
+            n += 1
+            continue
+        start, indent, known = n, len(m["ind"]), 0
+        while n < len(lines) and n - start < 400:
+            line = lines[n]
+            k = _KEY_LINE.match(line)
+            if k and len(k["ind"]) < indent:  # a mapping less indented than the one begun: another document
+                break
+            if k:
+                name = k["k"].replace("-", "_")
+                known += name in keys or name in _LAUNCH_KEYS
+            elif not (_ITEM_LINE.match(line) or line.strip() and len(line) - len(line.lstrip()) > indent):
+                break
+            n += 1
+        if known and n - start >= 2 or known >= 2:
+            out.append((start + 1, n, "\n".join(lines[start:n])))
+    return out
+
+
+def _engine_keys() -> set[str]:
+    p = _vllm_parser()
+    return set(p.defaults) - {"model_tag"} if p is not None else set(FACTS)
+
+
+def read_config(text: str) -> Launch | None:
+    """What a pasted YAML (or JSON) config sets: vLLM's ``--config`` file, its keys engine arguments, turned into
+    words by the parser's own ``load_config_file``; or a container spec's ``command``/``args``. ``None`` where the
+    text is no such config, or no YAML reader is installed."""
+    try:
+        import yaml
+    except ImportError:
+        return None
+    dedented = "\n".join(line[_indent(text):] for line in text.splitlines())
+    try:
+        data = yaml.safe_load(dedented)
+    except Exception:  # noqa: BLE001 - yaml.YAMLError, and a recursion depth on hostile nesting
+        return None
+    found = _config_words(data, _engine_keys())
+    return read_words(found) if found else None
+
+
+def _indent(text: str) -> int:
+    return min((len(line) - len(line.lstrip()) for line in text.splitlines() if line.strip()), default=0)
+
+
+def _config_words(data: Any, keys: set[str], depth: int = 0) -> list[str] | None:
+    """The launch words a parsed YAML document holds, searched through a container spec's nesting."""
+    if depth > 12:
+        return None
+    if isinstance(data, dict):
+        spoken = [str(w) for k in _LAUNCH_KEYS for w in _as_words(data.get(k))]
+        if any(w.startswith("--") for w in spoken):
+            return _after_program(spoken)
+        engine = {k: v for k, v in data.items() if isinstance(k, str) and k.replace("-", "_") in keys
+                  and not (isinstance(v, str) and (not v.strip() or any(c.isspace() for c in v.strip())))}
+        if len(engine) >= 2 or engine and len(engine) == len(data):  # (a docstring's prose values are no config)
+            return _config_file_words(engine)
+        children = list(data.values())
+    elif isinstance(data, list):
+        children = data
+    else:
+        return None
+    for child in children:
+        if (found := _config_words(child, keys, depth + 1)) is not None:
+            return found
+    return None
+
+
+def _as_words(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return split(value)
+    if isinstance(value, list):
+        return [w for item in value if isinstance(item, (str, int, float)) for w in (split(str(item)) or [""])]
+    return []
+
+
+def _after_program(words: list[str]) -> list[str]:
+    """The arguments after the program (``vllm serve``, ``python -m vllm.entrypoints...``) in a command list."""
+    for i, w in enumerate(words):
+        if w == "serve" or "vllm.entrypoints" in w or w.endswith("api_server.py"):
+            return words[i + 1:]
+    first = next(i for i, w in enumerate(words) if w.startswith("-"))
+    return words[first:]
+
+
+def _config_file_words(config: dict[str, Any]) -> list[str]:
+    """A ``--config`` file's mapping as vLLM turns it into words (``FlexibleArgumentParser.load_config_file``:
+    ``true`` a bare flag, lists spread, mappings as JSON); kvaudit's own turning where vLLM is not installed."""
+    p = _vllm_parser()
+    if p is not None and hasattr(p, "load_config_file"):
+        import tempfile
+
+        import yaml
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump(config, f)
+            f.flush()
+            with contextlib.suppress(Exception):  # noqa: BLE001 - its own refusal of a value
+                return list(p.load_config_file(f.name))
+    words: list[str] = []
+    for key, value in config.items():
+        if value is True:
+            words.append(f"--{key}")
+        elif isinstance(value, (dict, list)):
+            words += [f"--{key}", json.dumps(value)]
+        elif value is not False and value is not None:
+            words += [f"--{key}", str(value)]
+    return words

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.commands import Launch, command_words, expand, read_call, read_words, split
+from kvaudit.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split
 from kvaudit.errors import UsageError
 from kvaudit.failures import failures
 from kvaudit.lines import lines_holding
@@ -602,6 +602,14 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         ev.add(key, value, n, lines[n - 1])
     for key in {key for _, key, _ in ruled} & set(ev.facts):  # (a fact out of its range was dropped)
         ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
+    for first, last, text in config_blocks(lines):  # a YAML config or container spec pasted as such
+        if (launch := read_config(text)) is not None:
+            _read_launch(ev, first, lines[first - 1], launch)
+            if launch.facts:
+                commands.append(_Command(first, lines[first - 1], list(launch.facts), _outcome(lines, first, last)))
+                if "unread_flag" in ev.facts:  # the config file a launch names is the one pasted
+                    ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
+    commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])

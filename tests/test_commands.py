@@ -157,3 +157,61 @@ def test_values_stated_in_sentences(sentence, util, mml):
 def test_the_ascend_driver_out_of_streams_is_the_drivers():
     lines = clean_lines((ROOT / "fixtures" / "reports" / "held-out-2" / "vllm-ascend-2629.txt").read_text())
     assert failures(lines)[0][0] == DRIVER
+
+
+_CONFIG = """I start it with `vllm serve --config config.yaml`, config.yaml:
+```yaml
+model: Qwen/Qwen2.5-72B-Instruct
+tensor-parallel-size: 2
+gpu_memory_utilization: 0.95
+max-model-len: 32768
+enforce-eager: true
+```
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.
+"""
+
+_POD = """my deployment.yaml:
+    spec:
+      containers:
+      - name: vllm
+        image: vllm/vllm-openai:v0.8.5
+        command: ["vllm", "serve"]
+        args:
+          - meta-llama/Llama-3.1-70B-Instruct
+          - --tensor-parallel-size
+          - "8"
+          - --max-model-len=16384
+"""
+
+
+def test_a_pasted_config_file_is_read_with_vllms_own_rules():
+    """vLLM's --config YAML (keys are engine arguments, ``true`` a bare flag), read by the parser's own
+    load_config_file where vLLM is installed; the config file the launch names is then no unread flag."""
+    got = _facts(_CONFIG)
+    assert (got["model"], got["tp"], got["gpu_memory_utilization"], got["max_model_len"]) == (
+        ["Qwen/Qwen2.5-72B-Instruct"], [2], [0.95], [32768])
+    assert got["enforce_eager"] == [True]
+    assert not any(u.startswith("--config") for u in got.get("unread_flag", []))
+
+
+def test_a_container_specs_command_and_args_are_a_launch():
+    got = _facts(_POD)
+    assert (got["model"], got["tp"], got["max_model_len"]) == (["meta-llama/Llama-3.1-70B-Instruct"], [8], [16384])
+    compose = _facts("services:\n  vllm:\n    image: vllm/vllm-openai:latest\n"
+                     "    command: --model mistralai/Mistral-7B-v0.1 --gpu-memory-utilization 0.8\n")
+    assert compose["model"] == ["mistralai/Mistral-7B-v0.1"] and compose["gpu_memory_utilization"] == [0.8]
+
+
+def test_a_docstrings_argument_list_is_no_config():
+    """vLLM's own docstring pasted ("gpu_memory_utilization: The ratio (between 0 and 1) ..."): prose, not values."""
+    got = _facts("    Args:\n        model: The name or path of a HuggingFace Transformers model.\n"
+                 "        gpu_memory_utilization: The ratio (between 0 and 1) of GPU memory to\n"
+                 "            reserve for the model weights.\n")
+    assert "gpu_memory_utilization" not in got and "model" not in got
+
+
+def test_without_vllm_a_config_file_is_read_by_kvaudits_own_reader(monkeypatch):
+    monkeypatch.setattr(commands, "_PARSER", [None])
+    got = _facts(_CONFIG.replace("config.yaml", "own.yaml"))  # (launches read earlier are memoized)
+    assert (got["tp"], got["gpu_memory_utilization"], got["max_model_len"]) == ([2], [0.95], [32768])
+    assert got["launch_parser"] == [commands.OWN_READER] * 2
