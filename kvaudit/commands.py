@@ -421,8 +421,9 @@ _LAUNCH_KEYS = ("command", "args", "entrypoint")
 
 def config_blocks(lines: list[str]) -> list[tuple[int, int, str]]:
     """Runs of lines that read as YAML mappings (``key: value``, list items, indented lines) holding an engine
-    argument's name or a container's command: ``(first line, last line, text)``, 1-based."""
-    keys = _engine_keys()
+    argument kvaudit reads (``FACTS``) or a container's command: ``(first line, last line, text)``, 1-based. (vLLM's
+    parser is not needed to find them: a paste with none never imports it.)"""
+    keys = set(FACTS)
     out: list[tuple[int, int, str]] = []
     n = 0
     while n < len(lines):

@@ -179,7 +179,8 @@ def looks_like_report(text: str) -> bool:
 
 
 _OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOMs?(?![A-Za-z])|Tried to allocate|显存不足|内存不足|"
-                        r"显存耗尽|显存溢出",
+                        r"显存(?:耗尽|溢出|过小|太小|不够|爆了?|满了)|爆显存|"
+                        r"(?:not enough|insufficient) (?:(?:gpu|device|npu|cuda) memory|vram|hbm)",
                         re.IGNORECASE)
 _TITLE = re.compile(r"^\s*(?:#+\s*)?\[(?:Bug|Usage|Performance|Feature|Misc|Installation|Doc|RFC|Question)\]",
                     re.IGNORECASE)
@@ -235,6 +236,8 @@ _CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|-m\s+(?:\w+\.)*\w*vllm\w*(?
                   r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
 _FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
 """A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
+_WORD_REFUSED = re.compile(r"invalid (?:\w+ value|choice): '[A-Za-z]+'")
+"""argparse refusing a word of prose as a flag's value (``invalid human_readable_int_or_auto value: 'set'``)."""
 _ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+)?[A-Z][A-Z0-9_]*ARGS\s*[=:]\s*(?P<rest>["']?\s*--[a-z].*)$""")
 """An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
 ``- VLLM_ARGS=...``)."""
@@ -544,6 +547,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                                           or "-m vllm" in lowl) and (m := _CMD.search(logical))
                                          or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(line))):
             launch = _launch(expand(m["rest"], variables), m.re is _ARGS_VAR)
+            if m.re is _FLAGS_LINE and any(_WORD_REFUSED.search(u) for u in launch.unread):
+                launch = Launch((), (), launch.parser)  # a sentence that begins with a flag: "--max-model-len set to 512"
             _read_launch(ev, n, line, launch)
             if launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
@@ -588,7 +593,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             if oom.total:
                 ev.add("device_memory", oom.total, n, line)
         elif ("oom" in low or "out of memory" in low or "outofmemory" in low or "tried to allocate" in low
-              or "显存" in line or "内存" in line) and _OOM_WORDS.search(line):
+              or "显存" in line or "内存" in line or "not enough" in low or "insufficient" in low) and _OOM_WORDS.search(line):
             ev.add("oom_mentioned", True, n, line)
         if frame is None:
             for rx, device in _DEVICE_NAMES if "h100" in low or "h200" in low else ():
@@ -719,6 +724,7 @@ _CLAUSE_WORKS = re.compile(r"\b(?:works?|worked|working|fine|ok|okay|succe\w*|no
                            r"oom)|without (?:errors?|problems?|issues?|oom)|can (?:load|run|start|serve))\b|正常|成功|没问题|"
                            r"可以|能跑|能用|能拉", re.IGNORECASE)
 _CLAUSE_FAILS = re.compile(r"\b(?:ooms?|out of memory|errors?|fail\w*|crash\w*|cannot|can't|unable|broken|regression)\b|"
+                           r"\b(?:\w+\.)*(?:OutOfMemory|[A-Z]\w*)Error\b|"  # an exception named: torch.OutOfMemoryError
                            r"报错|失败|不能|无法|不行|显存不足|爆显存", re.IGNORECASE)
 _MORE_THAN = re.compile(rf"v?(?P<a>{_CLAIM_VER})\b[^,，;。\n]{{0,40}}?\b(?:needs?|uses?|takes?|requires?|consumes?|occupies)"
                         rf"\s+(?:much\s+|far\s+)?more (?:gpu |npu |device )?memory than\b[^,，;。\n]{{0,20}}?v?"
@@ -781,10 +787,11 @@ _CLAIM_WORDS = ("oom", "error", "fail", "work", "fine", " ok", "okay", "succe", 
 """Words a sentence that says a release works or fails holds one of."""
 _GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "going up", "leak", "上涨", "增长", "增加",
                  "提升", "升高", "泄")
-_UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:=|:|：|to|is|of|at|"
+_UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|"
                          r"为|设置为|设为|设置成|改为)?[ \t]*(?P<v>0?\.\d{1,3}|1\.0)(?![\d.])", re.IGNORECASE)
 """A utilization the reporter states ("I set gpu_memory_utilization to 0.95", "utilization 0.4")."""
-_MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])max[_ -]model[_ -]len(?:gth)?[ \t]*(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*"
+_MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[ \t]+)?set[ \t]+(?:to[ \t]+)?|max[_ -]model[_ -]len(?:gth)?"
+                        r"[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*)"
                         r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
 _HOST_NAMED = re.compile(r"\b(?:RAM|RSS|host|CPU memory|system memory)\b|(?<!显)内存|主机", re.IGNORECASE)

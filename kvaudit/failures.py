@@ -43,11 +43,12 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"(?<!显)内存(?:泄漏|泄露)|(?:\bRAM\b|\bRSS\b|Host ?内存|host memory|CPU memory|系统内存|主机内存)(?:[^.\n]|\.\d){0,30}?"
         r"(?:增长|上涨|增加|grows?|growing|increas\w*|leak\w*|不自动清理|not (?:freed|released))", re.IGNORECASE)),
     # NCCL's own errors (nccl.h ncclResult_t names; torch's "NCCL error in: ..."; cupy's NcclError) and the shared
-    # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment")
-    (COLLECTIVE, "NCCL", ("nccl", "shared memory segment", "/dev/shm"), re.compile(
+    # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment"); torch's
+    # ProcessGroupNCCL watchdog on a collective that never completes ("Watchdog caught collective operation timeout")
+    (COLLECTIVE, "NCCL", ("nccl", "shared memory segment", "/dev/shm", "watchdog caught"), re.compile(
         r"NCCL error|NCCL_ERROR_[A-Z_]+|\bnccl(?:SystemError|UnhandledCudaError|InternalError|InvalidUsage|"
         r"RemoteError)\b|NCCL WARN|Error while creating shared memory segment|ncclShmOpen|NcclError|"
-        r"/dev/shm has only \d+ bytes",
+        r"/dev/shm has only \d+ bytes|Watchdog caught collective operation timeout",
         re.IGNORECASE)),
     # HCCL (torch_npu's "HCCL function error: HcclGetRootInfo(...), error code is 11", "call hccl api failed",
     # CANN's EI*** HCCL error codes)
@@ -56,10 +57,18 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         re.IGNORECASE)),
     # CUDA's driver checks (torch/cuda/__init__.py: "The NVIDIA driver on your system is too old", "Found no NVIDIA
     # driver on your system"; the runtime's cudaErrorInsufficientDriver and cudaErrorNoDevice texts)
-    (DRIVER, "the CUDA driver", ("driver", "cuda-capable", "forward compatibility", "unknown error", "nvidia-smi has failed"), re.compile(
+    # cudaErrorPeerAccessUnsupported's text; torch.utils.cpp_extension's "The detected CUDA version (X) mismatches the
+    # version that was used to compile PyTorch (Y)"; the reporter naming a CUDA/driver version too low or mismatched
+    # ("cuda版本低", "CUDA version is too old") or peer-to-peer access the driver no longer gives ("can not do p2p")
+    (DRIVER, "the CUDA driver", ("driver", "cuda-capable", "forward compatibility", "unknown error", "nvidia-smi has failed",
+                                 "peer access", "cuda version", "cuda版本", "驱动", "p2p"), re.compile(
         r"NVIDIA driver on your system is too old|Found no NVIDIA driver|CUDA driver version is insufficient|"
         r"no CUDA-capable device is detected|forward compatibility was attempted on non supported HW|"
-        r"CUDA error: unknown error|cudaErrorInsufficientDriver|NVIDIA-SMI has failed", re.IGNORECASE)),
+        r"CUDA error: unknown error|cudaErrorInsufficientDriver|NVIDIA-SMI has failed|"
+        r"peer access is not supported between these two devices|detected CUDA version \(.{1,20}\) mismatches|"
+        r"(?:cuda|驱动|driver)\s*(?:的)?\s*版本\s*(?:太|过|较)?(?:低|旧|不匹配|不对应)|"
+        r"\b(?:cuda|driver) version (?:is )?(?:too (?:low|old)|mismatch\w*|incompatible)|"
+        r"(?:can ?not|can't|cannot|unable to|fails? to|no longer) (?:do |use |enable )?p2p\b", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
     # times out", error 507014 / 507015; the driver out of streams while ACL graphs are captured: "Alloc sq cq fail",
     # "driver error:resource alloc fail")

@@ -93,6 +93,7 @@ def test_an_argument_list_in_an_environment_variable():
     ("Since vLLM 0.2.5, we can't even run llama-2 70B anymore", [], ["0.2.5"]),
     ("[Bug]: Out of Memory error in 0.8.0 and 0.8.1. Worked fine in the previous versions", [], ["0.8.0", "0.8.1"]),
     ("I run vllm 0.8.5 with TP 4", [], []),
+    ("[Bug]: torch.OutOfMemoryError for 0.6.4.post1 but 0.6.3.post1 is working", ["0.6.3.post1"], ["0.6.4.post1"]),
 ])
 def test_two_releases_in_one_sentence(sentence, works, fails):
     got = _facts(sentence)
@@ -148,10 +149,47 @@ def test_a_message_a_paste_wrapped_onto_the_next_line_is_read_whole():
     ("I set gpu_memory_utilization to 0.95 and max_model_len=16000 but it OOMs", [0.95], [16000]),
     ("我把显存利用率设置为0.8，max model len 为 32768", [0.8], [32768]),
     ("(EngineCore pid=1) INFO gpu_memory_utilization=0.9", [], []),  # a program's line, not a sentence
+    ("--max-model-len set to 512, gpu_memory_utilization is set to 0.8", [0.8], [512]),
 ])
 def test_values_stated_in_sentences(sentence, util, mml):
     got = _facts(sentence)
     assert got.get("util_prose", []) == util and got.get("mml_prose", []) == mml
+
+
+def test_a_sentence_that_begins_with_a_flag_is_no_launch():
+    """"--max-model-len set to 512" (vllm issue 4369): argparse refuses 'set', and 'to' is no model."""
+    got = _facts("i have 2 * v100-16G\n--max-model-len set to 512\nthen i got OOM")
+    assert "model" not in got and got["mml_prose"] == [512]
+    assert _facts("--max-model-len 512 --tensor-parallel-size $TP")["max_model_len"] == [512]
+
+
+@pytest.mark.parametrize("line, kind", [
+    # torch's ProcessGroupNCCL watchdog (vllm issue 3071)
+    ("[E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4967570, "
+     "OpType=ALLREDUCE, NumelIn=73728, NumelOut=73728, Timeout(ms)=1800000) ran for 1800542 milliseconds", COLLECTIVE),
+    ("为什么已经降到0.1.4了，还是报cuda版本低", DRIVER),  # vllm issue 2623
+    ("my two Nvlinked 3090's can not do p2p and work with tensor parallel", DRIVER),  # vllm issue 8303
+    ("RuntimeError: CUDA error: peer access is not supported between these two devices", DRIVER),
+    ("The detected CUDA version (12.1) mismatches the version that was used to compile PyTorch (11.8).", DRIVER),
+])
+def test_collective_and_driver_failures_by_their_wording(line, kind):
+    assert [k for k, _, _ in failures([line])] == [kind]
+
+
+@pytest.mark.parametrize("line", ["CUDA version 12.1", "the driver is fine", "--kv-transfer-config with the p2p nccl "
+                                  "connector", "NCCL_DEBUG=INFO"])
+def test_lines_that_name_a_driver_or_nccl_without_a_failure(line):
+    assert failures([line]) == []
+
+
+@pytest.mark.parametrize("line", ["总是报显存过小问题", "跑起来就爆显存", "RuntimeError: not enough GPU memory for the KV cache"])
+def test_device_memory_running_out_in_other_words(line):
+    assert _facts(line).get("oom_mentioned") == [True]
+
+
+@pytest.mark.parametrize("line", ["the host has not enough memory to load it", "insufficient memory on the node"])
+def test_memory_not_named_the_devices_is_no_device_oom(line):
+    assert "oom_mentioned" not in _facts(line)
 
 
 def test_the_ascend_driver_out_of_streams_is_the_drivers():
