@@ -31,7 +31,11 @@ MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""
 GiB = 1 << 30
 
-_ANSI = re.compile(r"(?:\x1b|#033)\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|(?<![\w\]])\[[0-9;]{1,12}m")
+_ANSI = re.compile(r"(?:\x1b|#033)\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b\n]{0,512}(?:\x07|\x1b\\)")
+"""Terminal escape sequences (CSI, OSC), also with the ESC written out as ``#033`` (a log viewer's)."""
+_BARE_SGR = re.compile(r"\[[0-9;]{1,12}m")
+"""A colour code a paste kept without its ESC (``[1;36m``), unless it follows a word or a bracket (``a[0m``, ``][1m``)."""
+_AFTER_WORD = re.compile(r"[\w\]]")
 _NUM = r"-?[0-9]{1,18}(?:\.[0-9]{1,18})?"
 """A number as logs print it; longer digit runs are no figure (and would overflow a float, or pass Python's
 4,300-digit limit for integers)."""
@@ -164,7 +168,11 @@ def clean_lines(text: str) -> list[str]:
     """Lines without ANSI colour codes (also the ``[1;36m`` left when a paste loses the ESC), with
     Windows and old-Mac line endings normalised, each cut to ``MAX_LINE`` characters."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return [_ANSI.sub("", line[:MAX_LINE]) for line in text.split("\n")]
+    if "\x1b" in text or "#033" in text:
+        text = _ANSI.sub("", text)  # (no code spans a line end)
+    if "m" in text:
+        text = _BARE_SGR.sub(lambda m: m.group(0) if m.start() and _AFTER_WORD.match(text, m.start() - 1) else "", text)
+    return [line[:MAX_LINE] for line in text.split("\n")]
 
 
 _REPORT_WORDS = re.compile(r"out of memory|\boom\b|vllm|\bnpu\b|\bgpu\b|cuda|ascend|traceback|显存|内存|npu-smi|nvidia-smi|"
@@ -417,7 +425,8 @@ _TP = (" tp", "\ntp", "-tp", "(tp", "tensor")
 _FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败")
 _PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("eager",), _WORKING + ("oom",)), (_TP, _WORKING), (_TP, _FAILING),
-    (("0.",), _WORKING), (("0.",), _WORKING), (("0.",), _WORKING), (("util",), _FAILING), (("util",), ("from",)),
+    (("0.",), _WORKING), (("0.",), ("util",), _WORKING), (("0.",), ("util",), ("from",), _WORKING), (("util",), _FAILING),
+    (("util",), ("from",)),
     (("other", "second", "其他"),), (("release", "free", "释放"),), (("cuda_visible_devices",),),
     (("0.",), ("actual", "real", "usage", "use")),
 )
@@ -632,18 +641,21 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
 
 _NOT_IN_FRAMES = {"device_nominal_gb", "model_mention"}
 _EVERY_MATCH = {"model_mention"}
+_FIRST_ONLY = {"platform_prose"}
 
 
 def _rule_facts(lines: list[str], lows: list[str], where: dict[str, set[int]]) -> list[tuple[int, str, Any]]:
     """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
     words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
     out: list[tuple[int, str, Any]] = []
+    unions: dict[tuple[str, ...], set[int]] = {}  # (several patterns share a group of words)
     for key, rx, conv, groups in _RULES:
-        candidates = None
-        for group in groups:
-            hit = set().union(*(where[w] for w in group))
-            candidates = hit if candidates is None else candidates & hit
-        for n in sorted(candidates or ()):
+        hits = [unions[g] if g in unions else unions.setdefault(g, set().union(*(where[w] for w in g))) for g in groups]
+        candidates = set.intersection(*sorted(hits, key=len)) if len(hits) > 1 else hits[0]
+        before = len(out)
+        for n in sorted(candidates):
+            if key in _FIRST_ONLY and len(out) > before:
+                break  # a platform named once says as much as named on every line
             line = lines[n - 1]
             if key in _NOT_IN_FRAMES and 'file "' in lows[n - 1] and _FRAME.search(line):
                 continue  # a path in a traceback names no device and no model
@@ -681,8 +693,12 @@ _VERSION_WORDS = (("server version",), ("llm engine (v",), ("vllm version",), ("
 """Words a line must hold before each ``_VLLM_VERSION`` pattern is tried (``()``: a pip/conda line)."""
 
 
+_DOT_RC = re.compile(r"(?<=\d)\.rc(?=\d)")
+
+
 def _versions(ev: Evidence, n: int, line: str, is_frame: bool = False) -> None:
-    line = re.sub(r"(?<=\d)\.rc(?=\d)", "rc", line)  # "v0.8.4.rc2" is 0.8.4rc2
+    if ".rc" in line:
+        line = _DOT_RC.sub("rc", line)  # "v0.8.4.rc2" is 0.8.4rc2
     low = line.lower()
     listing = low.lstrip().startswith(("vllm", "torch", "[pip", "[conda"))  # pip list / conda list / collect_env
     for rx in _ASCEND_VERSION:
@@ -743,18 +759,21 @@ def _release_claims(ev: Evidence, n: int, text: str) -> None:
     "works well in vllm 0.2.6 but run out of memory using 0.2.7", "from 0.7.3 to 0.8.2"): each clause's release
     takes the clause's own word, else the sentence's."""
     text = text[:2000]  # a sentence, not a log pasted onto one line
-    if m := _MORE_THAN.search(text):
+    low = text.lower()
+    if "more" in low and "than" in low and (m := _MORE_THAN.search(text)):
         ev.add("release_fails", m["a"].replace(".rc", "rc"), n, text)
         ev.add("release_works", m["b"].replace(".rc", "rc"), n, text)
         return
-    if _PREVIOUS_WORKED.search(text):
+    if ("previous" in low or "older" in low or "earlier" in low or "last" in low or "之前" in text) and \
+            _PREVIOUS_WORKED.search(text):
         ev.add("previous_worked", True, n, text)
     sentence_fails = _CLAUSE_FAILS.search(_CLAUSE_WORKS.sub(" ", text)) is not None
-    if (m := _SINCE.search(text)) and sentence_fails:  # "Since vLLM 0.2.5, we can't even run ...": earlier ones did
+    # "Since vLLM 0.2.5, we can't even run ...": earlier ones did
+    if ("since" in low or "from" in low) and (m := _SINCE.search(text)) and sentence_fails:
         ev.add("release_fails", m["v"].replace(".rc", "rc"), n, text)
         ev.add("previous_worked", True, n, text)
         return
-    if (m := _UPGRADE.search(text)) and sentence_fails:
+    if ("from" in low or "升级" in text) and (m := _UPGRADE.search(text)) and sentence_fails:
         if m["a"]:
             ev.add("release_works", m["a"].replace(".rc", "rc"), n, text)
         ev.add("release_fails", (m["b"] or m["c"]).replace(".rc", "rc"), n, text)
@@ -764,6 +783,8 @@ def _release_claims(ev: Evidence, n: int, text: str) -> None:
         if not clause:
             continue
         found = [m["v"] for m in _BARE_VERSION.finditer(clause)]
+        if not found:
+            continue
         works = _CLAUSE_WORKS.search(clause) is not None
         fails = _CLAUSE_FAILS.search(_CLAUSE_WORKS.sub(" ", clause)) is not None  # "no error" is no failure
         claims += [(v.replace(".rc", "rc"), "works" if works and not fails else "fails" if fails and not works else None)

@@ -333,7 +333,7 @@ _ALWAYS: list[int] = []
 for _i, _e in enumerate(CATALOGUE):
     _w = _keyword(matched_part(_e)[0])
     (_BY_WORD.setdefault(_w, []) if _w else _ALWAYS).append(_i)
-_WORDS = frozenset(_BY_WORD)
+_WORDS = tuple(sorted(_BY_WORD))
 del _i, _e, _w
 
 
@@ -349,7 +349,7 @@ def anchors() -> list[str]:
 
 def match_line(line: str) -> list[tuple[dict, list[tuple[str, Any]]]]:
     """Each entry the line matches, with the facts it gives."""
-    words = _WORDS.intersection(_WORD.findall(line))
+    words = [w for w in _WORDS if w in line]  # (a substring test: the entries' own needles and patterns decide)
     if not words and not _ALWAYS:
         return []
     candidates = sorted({i for w in words for i in _BY_WORD[w]}.union(_ALWAYS))
