@@ -176,12 +176,13 @@ def clean_lines(text: str) -> list[str]:
 
 
 _REPORT_WORDS = re.compile(r"out of memory|\boom\b|vllm|\bnpu\b|\bgpu\b|cuda|ascend|traceback|显存|内存|npu-smi|nvidia-smi|"
-                           r"\b910[BC]\d?\b|\bnccl\b|\bhccl\b|\bdriver\b|驱动|killed|sigkill|memory|error|报错|failed",
+                           r"\b910[BC]\d?\b|\bnccl\b|\bhccl\b|\bdriver\b|驱动|killed|sigkill|memory|error|报错|failed|"
+                           r"\bmodels?\b|\bllms?\b|\binference\b|\btorch\b|模型|推理",
                            re.IGNORECASE)
 
 
 def looks_like_report(text: str) -> bool:
-    """Whether text is a report at all: it mentions an out-of-memory error, vLLM, an NPU or GPU, or a
+    """Whether text is a report at all: it mentions an out-of-memory error, vLLM, an NPU or GPU, a model, or a
     traceback. Anything that does is triaged (at worst to insufficient-information), never refused."""
     return _REPORT_WORDS.search(text) is not None
 
@@ -309,8 +310,10 @@ _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|
                      r"constant\w*)?[ \t]*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)(?:[^.\n]|\.\d){0,50}?"
                      r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*|per (?:request|inference|"
                      r"iteration|step|call|batch))|memory leak|leaks? memory|"
-                     r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|会)(?:继续)?.{0,4}?(?:上涨|增长|增加|提升|升高)|"
-                     r"(?:显存|内存)(?:泄漏|泄露)", re.IGNORECASE)
+                     r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|慢慢|渐渐|越来越|会)(?:继续)?.{0,12}?"
+                     r"(?:上涨|增长|增加|增大|变大|上升|提升|升高)|(?:显存|内存)(?:泄漏|泄露)|"
+                     r"(?:\bOOM\b|out of memory)[^.\n]{0,40}?after (?:running |serving )?(?:for )?(?:\w+ )?(?:hours?|days?|weeks?)\b",
+                     re.IGNORECASE)
 """Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
 _HUB_URL = re.compile(r"(?:huggingface\.co|hf-mirror\.com|modelscope\.cn/models)/(?P<id>[A-Za-z0-9][\w.-]{0,95}/"
                       r"[A-Za-z0-9][\w.-]{0,95})")
@@ -321,9 +324,10 @@ _SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z
 "Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
 _TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)[ \t]*[=:：][ \t]*(?P<v>[1-9]\d{0,2})(?![\d.])")
 """A TP the reporter states ("with tensor_parallel_size=4", "TP: 8")."""
-_MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda)[ \t]+memory|显存|memory (?:usage|consumption|footprint))"
-                              r".{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
-                              r".{0,60}?(?:(?:gpu|npu|device|vram)[ \t]+memory|显存|memory (?:usage|consumption))", re.IGNORECASE)
+_MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption|"
+                              r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
+                              r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))",
+                              re.IGNORECASE)
 """The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
@@ -332,6 +336,11 @@ _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress te
                           r"(?:sending |processing )?requests?|running (?:the )?benchmark)", re.IGNORECASE)
 """The reporter saying the device ran out while the server answered requests ("test latency with input 20 000, service
 shows oom")."""
+_CAPTURE_OOM = re.compile(r"(?:\bOOMs?\b|out of memory|OutOfMemoryError)[^.\n]{0,60}?(?:during|in|while|at|inside)\s+(?:the\s+)?"
+                          r"(?:(?:cuda|acl)[- ]?graphs?\s+captur\w*|graph\s+captur\w*|captur\w+\s+(?:cuda|acl)?[- ]?graphs?|"
+                          r"`?capture_model)|(?:during|while|in)\s+(?:the\s+)?(?:(?:cuda|acl)[- ]?graphs?\s+|graph\s+)captur\w*"
+                          r"(?:[^.\n]|\.(?=\w)){0,40}?(?:\bOOMs?\b|out of memory|OutOfMemoryError)", re.IGNORECASE)
+"""The reporter saying the device ran out while CUDA/ACL graphs were captured ("OOM during `capture_model()`")."""
 _EXCEPTION = re.compile(r"(?:^|[\]>|]\s*|\s)(?P<v>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|:?\s*$)")
 """The line a traceback ends in (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``), by Python's naming of
 exception classes."""
@@ -352,10 +361,11 @@ _DEVICE_NAMES = [  # device kinds named in prose, the kvaudit device they map to
     (re.compile(r"\bH100\b", re.IGNORECASE), "h100-80g"),
     (re.compile(r"\bH200\b", re.IGNORECASE), "h200-141g"),
 ]
-_NOMINAL = re.compile(r"\b(?P<name>A100|A800|H800|H20|L40S?|L20|RTX ?[345]090|[345]090|A6000|A10G?|V100|T4|910B\d?)\b"
+_NOMINAL = re.compile(r"\b(?P<name>A100|A800|H800|H20|L40S?|L20|L4|A6000|A10G?|A30|A40|V100|P100|P40|T4|910B\d?|"
+                      r"(?:RTX ?)?[2345]0[6-9]0(?: ?Ti)?)\b"
                       r"(?:[^\n\d]{0,16}?(?P<gb>\d{2,3}) ?G(?:B|iB)?\b)?", re.IGNORECASE)
-_NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "3090": 24, "4090": 24, "5090": 32, "a6000": 48, "a10": 24, "a10g": 24,
-               "t4": 16, "h20": 96}
+_NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "l4": 24, "3090": 24, "4090": 24, "5090": 32, "a6000": 48, "a10": 24,
+               "a10g": 24, "a30": 24, "a40": 48, "p40": 24, "t4": 16, "h20": 96}
 """Memory of GPU kinds that come in one size, in GB as sold (a figure for weights, not for the budget)."""
 
 # facts people state in prose
@@ -388,7 +398,10 @@ _PROSE_FACTS = [
                                  r"(?:GB|GiB|G)\b", re.IGNORECASE), _gib),
     ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never|can't|cannot|fails? to|failed to)"
                                 r"(?: seem to| appear to)? (?:release|free|clear)s?\b[^.\n]{0,30}?"
-                                r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放", re.IGNORECASE), lambda m: m.group(0)),
+                                r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放|"
+                                r"(?:how (?:to |do I |can I |we are suppose[d]? to )?|can't |cannot |unable to )unload (?:the |a )?"
+                                r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
+                                r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
                                     r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True),
     ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
@@ -427,11 +440,12 @@ _PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("eager",), _WORKING + ("oom",)), (_TP, _WORKING), (_TP, _FAILING),
     (("0.",), _WORKING), (("0.",), ("util",), _WORKING), (("0.",), ("util",), ("from",), _WORKING), (("util",), _FAILING),
     (("util",), ("from",)),
-    (("other", "second", "其他"),), (("release", "free", "释放"),), (("cuda_visible_devices",),),
+    (("other", "second", "其他"),), (("release", "free", "释放", "unload"),), (("cuda_visible_devices",),),
     (("0.",), ("actual", "real", "usage", "use")),
 )
 """As ``_SIMPLE_WORDS`` for ``_PROSE_FACTS``, in groups that must all be met (one word of each)."""
-_NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "090", "a6000", "a10", "v100", "t4", "910b")
+_NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "l4", "060", "070", "080", "090", "a6000", "a10", "a30",
+                  "a40", "v100", "p100", "p40", "t4", "910b")
 _MODEL_WORDS = ("qwen", "qwq", "llama", "mixtral", "deepseek", "kimi", "gemma", "gpt-oss", "glm", "minimax", "nemotron",
                 "granite", "falcon", "jamba")
 if len(_SIMPLE_WORDS) != len(_SIMPLE) or len(_PROSE_WORDS) != len(_PROSE_FACTS):
@@ -807,7 +821,7 @@ _CLAIM_WORDS = ("oom", "error", "fail", "work", "fine", " ok", "okay", "succe", 
                 "问题", "可以", "不能", "无法", "不行", "显存", "却")
 """Words a sentence that says a release works or fails holds one of."""
 _GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "going up", "leak", "上涨", "增长", "增加",
-                 "提升", "升高", "泄")
+                 "增大", "变大", "上升", "提升", "升高", "泄", "hour", "day", "week")
 _UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|"
                          r"为|设置为|设为|设置成|改为)?[ \t]*(?P<v>0?\.\d{1,3}|1\.0)(?![\d.])", re.IGNORECASE)
 """A utilization the reporter states ("I set gpu_memory_utilization to 0.95", "utilization 0.4")."""
@@ -822,12 +836,13 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
     ("mml_prose", _MML_PROSE, ("model_len", "model len", "model-len", "model_length", "model length")),
     ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
         f"{i}d" for i in range(1, 10))),
-    ("memory_question", _MEMORY_QUESTION, ("gpu memory", "npu memory", "device memory", "vram memory", "cuda memory",
-                                           "memory usage", "memory consumption", "memory footprint", "显存")),
+    ("memory_question", _MEMORY_QUESTION, ("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
+                                           "video memory", "memory usage", "memory consumption", "memory footprint", "显存")),
     ("tp_prose", _TP_PROSE, ("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel")),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, _GROWTH_WORDS),
     ("serving_oom", _SERVING_OOM, ("oom", "out of memory", "显存")),
+    ("capture_oom", _CAPTURE_OOM, ("captur",)),
 )
 """The facts of the reporter's sentences, each pattern with words one of which its lines hold (lower-cased)."""
 

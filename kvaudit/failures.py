@@ -22,10 +22,10 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"^\s*(?:\S+:\s*)?Killed\s*$|exit(?:ed with)? code:? 137\b|\(SIGKILL\)|exitcode\s*:\s*-9\b|signal 9\b|"
         r"\boom[-_ ]kill|Out of memory: Kill(?:ed)? process|Memory cgroup out of memory", re.IGNORECASE)),
     # Ray's memory monitor (ray/_private/memory_monitor.py, raylet): "Workers ... killed due to memory pressure (OOM)",
-    # "Task was killed due to the node running low on memory", RayOutOfMemoryError
-    (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node"), re.compile(
-        r"killed due to memory pressure|running low on memory|RayOutOfMemoryError|Memory on the node .{0,80} was "
-        r"[0-9.]+\s*GB / [0-9.]+\s*GB", re.IGNORECASE)),
+    # "Task was killed due to the node running low on memory", RayOutOfMemoryError; users call it "Ray OOM"
+    (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node", "ray"),
+     re.compile(r"killed due to memory pressure|running low on memory|RayOutOfMemoryError|Memory on the node .{0,80} was "
+                r"[0-9.]+\s*GB / [0-9.]+\s*GB|\bRay(?:'s)? (?:OOM|out of memory)\b", re.IGNORECASE)),
     # torch's CPU allocator (c10/core/impl/alloc_cpu.cpp: "DefaultCPUAllocator: can't allocate memory"), errno 12
     # (ENOMEM, "Cannot allocate memory"), C++'s std::bad_alloc, Python's MemoryError
     (HOST, "the host allocator", ("defaultcpuallocator", "errno 12", "bad_alloc", "memoryerror"), re.compile(
@@ -43,7 +43,8 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"(?<!显)内存(?:泄漏|泄露)|(?:\bRAM\b|\bRSS\b|Host ?内存|host memory|CPU memory|系统内存|主机内存)(?:[^.\n]|\.\d){0,30}?"
         r"(?:增长|上涨|增加|grows?|growing|increas\w*|leak\w*|不自动清理|not (?:freed|released))", re.IGNORECASE)),
     # NCCL's own errors (nccl.h ncclResult_t names; torch's "NCCL error in: ..."; cupy's NcclError) and the shared
-    # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment"); torch's
+    # memory it maps under /dev/shm (NCCL's shmutils.cc: "Error while creating shared memory segment"; Ray's warning that
+    # "/dev/shm has only 67108864 bytes available": a container's 64 MB default, too small for NCCL); torch's
     # ProcessGroupNCCL watchdog on a collective that never completes ("Watchdog caught collective operation timeout")
     (COLLECTIVE, "NCCL", ("nccl", "shared memory segment", "/dev/shm", "watchdog caught"), re.compile(
         r"NCCL error|NCCL_ERROR_[A-Z_]+|\bnccl(?:SystemError|UnhandledCudaError|InternalError|InvalidUsage|"

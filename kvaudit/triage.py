@@ -253,10 +253,13 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
         return named, None
     titled = {f.line for f in ev.all("title")}
     mentions = sorted(ev.all("model_mention"), key=lambda f: (f.line not in titled, f.line))
+    url = ev.first("model_url")  # a model's Hub page: the title's "Llama 3", with no size, is the page's ...-8b-instruct
+    if (url is not None and mentions and mentions[0].line in titled and not _SIZED.search(mentions[0].value)
+            and _letters(mentions[0].value) in _letters(url.value)):
+        return url, preset_for_model(url.value)
     if mentions and mentions[0].line in titled and preset_for_model(mentions[0].value) is None:
         return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None  # the title's model
-    url = ev.first("model_url")  # a model's Hub page, where no launch, log or title names one
-    if url is not None and not (mentions and mentions[0].line in titled):
+    if url is not None and not (mentions and mentions[0].line in titled):  # where no launch, log or title names one
         return url, preset_for_model(url.value)
     for f in mentions:  # "Running Llama 3 70B on A100": the name with its size
         match = preset_for_model(f.value)
@@ -265,6 +268,15 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
     if mentions:  # a model kvaudit ships no config of: named, and its config asked for
         return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None
     return None, None
+
+
+_SIZED = re.compile(r"\d(?:\.\d+)?\s*[BbMm](?![A-Za-z])")
+"""A parameter count in a model's name ("70B", "0.6B")."""
+
+
+def _letters(name: str) -> str:
+    """A model's name without case, blanks or punctuation ("Llama 3" → "llama3")."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 def _release(ev: Evidence, platform: str | None, values: dict[str, Sourced]) -> str | None:
@@ -566,7 +578,7 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
                f"{fmt_bytes(oom.total)}; {fmt_bytes(outside)} was held outside it, more than any allocator of this "
                "process could account for")
     elif inputs.platform != "ascend" and (_device_ran_out(ev) or ev.first("oom_mentioned") or _changes(ev)
-                                          or ev.first("memory_question")):
+                                          or ev.first("memory_question") or ev.first("not_released")):
         where = "on CUDA" if inputs.platform == "cuda" else "with no Ascend marker in the report"
         why = (f"{where} the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
                "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")
@@ -589,13 +601,13 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
 def phase_of(ev: Evidence) -> str | None:
     """The phase the report's error happened in: the out-of-memory traceback's, else the last
     traceback's, else graph capture when "Capturing cudagraphs" was the last step logged before an
-    out-of-memory error."""
+    out-of-memory error, or where the reporter says the device ran out while graphs were captured."""
     found = ev.first("oom_phase", "error_phase")
     if found is not None:
         return found.value
     oom = ev.first("oom", "oom_mentioned")
     start = ev.first("capture_started")
-    if oom is not None and start is not None:
+    if oom is not None and start is not None or ev.first("capture_oom") is not None:
         return "CUDA/ACL graph capture"
     if ev.first("serving_oom") is not None:  # "test latency with input 20 000, service shows oom"
         return "serving requests"
@@ -1105,7 +1117,8 @@ def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
     if m is None:
         return None
     params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)
-    width = 0.5 if re.search(r"awq|gptq|int4|4bit|w4a16", name) else 1 if re.search(r"fp8|int8|w8a8", name) else 2
+    width = 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", name) else 1 if re.search(
+        r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", name) else 2
     tp = values["tensor parallel size"].value if "tensor parallel size" in values else 1
     per_rank = int(params * width / tp)
     return per_rank, (f"{m.group(0).upper()} parameters × {width:g} bytes / TP {tp} = {fmt_bytes(per_rank)} per device, "

@@ -253,3 +253,31 @@ def test_without_vllm_a_config_file_is_read_by_kvaudits_own_reader(monkeypatch):
     got = _facts(_CONFIG.replace("config.yaml", "own.yaml"))  # (launches read earlier are memoized)
     assert (got["tp"], got["gpu_memory_utilization"], got["max_model_len"]) == ([2], [0.95], [32768])
     assert got["launch_parser"] == [commands.OWN_READER] * 2
+
+
+@pytest.mark.parametrize("sentence, key, value", [
+    ("[Bug]: Model Runner V2 skips CUDA graph memory reservation, causing OOM during `capture_model()`", "capture_oom",
+     True),  # vllm issue 49224
+    ("it crashes during CUDA-graph capture with `torch.OutOfMemoryError`", "capture_oom", True),
+    ("随着访问次数的增加，可以看到显存慢慢增大，最终会报OOM错误", "memory_growth", True),  # QwenLM/Qwen3-VL issue 1522
+    ("the GPU memory usage reaches 65GB, leading to an OOM error after running for two days.", "memory_growth", True),
+    ("It took 75 G of video memory(A800, 80G), why?", "memory_question", True),  # vllm issue 527
+    ("i don't find how unload model. i delete the object and call the garbage collector", "not_released",
+     "how unload model"),  # vllm issue 3281
+    ("Would anyone have an example of how I could run Llama 3 on an NVIDIA RTX 4060 TI 16GB?", "device_nominal_gb", 16),
+])
+def test_what_reporters_say_in_their_own_words(sentence, key, value):
+    assert _facts(sentence).get(key, [None])[0] == value
+
+
+def test_capturing_graphs_named_without_a_failure_is_no_capture_oom():
+    assert "capture_oom" not in _facts("We are capturing CUDA graphs now; no OOM so far")
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("In my case I can deploy on a single GPU, but with multi gpu I meet the ray OOM error.", HOST),  # vllm issue 322
+    ("WARNING: The object store is using /tmp instead of /dev/shm because /dev/shm has only 67108864 bytes available.",
+     COLLECTIVE),  # Ray's warning: a container's 64 MB /dev/shm, too small for NCCL (vllm issue 1710)
+])
+def test_ray_and_shared_memory(line, kind):
+    assert [k for k, _, _ in failures([line])] == [kind]

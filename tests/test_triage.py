@@ -429,3 +429,33 @@ def test_an_npu_smi_table_alone_is_a_report():
 def test_prefill_decode_disaggregation_in_prose_is_kv_transfer():
     t = triage("[Bug]: PD separation, 2P1D, Qwen3-8B NPU out of memory on v0.11.0rc3")
     assert t.deployment["KV transfer"].value is True and "2P1D" in t.deployment["KV transfer"].source
+
+
+def test_a_short_prose_report_about_a_model_is_answered_not_refused(capsys):
+    """vllm issue 3281: no vLLM, GPU or error word, only a model that will not unload: an answer, never exit 2."""
+    text = ("unload the model\nHi, i don't find how unload model. like i load a model, i delete the object and i call "
+            "the garbage collector but it does nothing.\n")
+    t = triage(text)
+    assert t.verdict == "allocation-matches-plan" and t.cause == "another-process"
+
+
+def test_a_hub_page_gives_the_size_a_titles_model_lacks():
+    """vllm issue 4821: the title's "Llama 3" is the linked Llama-3-...-8b-instruct; a title with a size keeps it."""
+    from kvaudit.evidence import clean_lines, extract
+    from kvaudit.triage import _model
+
+    sizeless = extract(clean_lines("[Bug]: Llama 3 - Out of memory\nI use https://huggingface.co/rhaymison/"
+                                   "Llama-3-portuguese-Tom-cat-8b-instruct and it OOMs"))
+    assert _model(sizeless)[0].value == "rhaymison/Llama-3-portuguese-Tom-cat-8b-instruct"
+    sized = extract(clean_lines("[Usage]: Running Llama 3 70B on A100\ntry https://huggingface.co/TechxGenus/"
+                                "Meta-Llama-3-70B-Instruct-GPTQ"))
+    assert _model(sized)[0].value.startswith("Llama 3 70B")
+
+
+@pytest.mark.parametrize("name, width", [("Qwen3.8-27B NVFP4", 0.5), ("Llama-3-8B-bnb-4bit", 0.5),
+                                         ("Qwen2.5-72B-Instruct-FP8", 1), ("Qwen2.5-7B", 2)])
+def test_weights_from_a_name_take_the_checkpoints_width(name, width):
+    from kvaudit.triage import Sourced, _weights
+
+    got = _weights({"model": Sourced(name, "test")})
+    assert got is not None and f"× {width:g} bytes" in got[1]
