@@ -191,6 +191,8 @@ _OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOMs?(?![A
                         r"显存(?:耗尽|溢出|过小|太小|不够|爆了?|满了)|爆显存|"
                         r"(?:not enough|insufficient) (?:(?:gpu|device|npu|cuda) memory|vram|hbm)",
                         re.IGNORECASE)
+_NCCL_CUDA_OOM = re.compile(r"Cuda failure '?out of memory'?", re.IGNORECASE)
+"""NCCL's report of a CUDA call that failed for lack of device memory (``Last error: Cuda failure 'out of memory'``)."""
 _TITLE = re.compile(r"^\s*(?:#+\s*)?\[(?:Bug|Usage|Performance|Feature|Misc|Installation|Doc|RFC|Question)\]",
                     re.IGNORECASE)
 
@@ -618,6 +620,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         elif ("oom" in low or "out of memory" in low or "outofmemory" in low or "tried to allocate" in low
               or "显存" in line or "内存" in line or "not enough" in low or "insufficient" in low) and _OOM_WORDS.search(line):
             ev.add("oom_mentioned", True, n, line)
+            if "cuda failure" in low and _NCCL_CUDA_OOM.search(line):
+                ev.add("collective_saw_oom", True, n, line)  # NCCL reporting the device out of memory: the device's
         if frame is None:
             for rx, device in _DEVICE_NAMES if "h100" in low or "h200" in low else ():
                 if rx.search(line):

@@ -1,7 +1,8 @@
 """Failures outside vLLM's device-memory plan, read from the wording of the errors that report them: the host's memory
 (the kernel's OOM killer, a SIGKILL's exit code 137, Ray's memory monitor, torch's CPU allocator), the collective
-library (NCCL, HCCL, the shared memory NCCL needs) and the driver or runtime (CUDA's driver checks, the Ascend runtime's
-stream and AI Core errors). Plain text in, no torch and no vLLM.
+library (NCCL, HCCL, the shared memory NCCL needs), the driver or runtime (CUDA's driver checks, the Ascend runtime's
+stream and AI Core errors), and a device too old for what the launch asks (its compute capability). Plain text in, no
+torch and no vLLM.
 
 Each wording is the message as its program prints it (sources beside each), not a pattern fitted to one report.
 """
@@ -15,6 +16,8 @@ from kvaudit.lines import lines_holding
 HOST = "host-memory"
 COLLECTIVE = "collective-library"
 DRIVER = "driver"
+UNSUPPORTED = "not-out-of-memory"
+"""A kernel or data type the device cannot run (its compute capability): no memory failure at all."""
 
 WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
     # the shell reporting a process the kernel killed; exit status 128 + SIGKILL (9)
@@ -49,7 +52,8 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
     (COLLECTIVE, "NCCL", ("nccl", "shared memory segment", "/dev/shm", "watchdog caught"), re.compile(
         r"NCCL error|NCCL_ERROR_[A-Z_]+|\bnccl(?:SystemError|UnhandledCudaError|InternalError|InvalidUsage|"
         r"RemoteError)\b|NCCL WARN|Error while creating shared memory segment|ncclShmOpen|NcclError|"
-        r"/dev/shm has only \d+ bytes|Watchdog caught collective operation timeout",
+        r"/dev/shm has only \d+ bytes|Watchdog caught collective operation timeout|"
+        r"(?<![A-Za-z])NCCL\s*(?:error\s*)?\d{1,3}\s*(?:的)?\s*(?:错误|报错)|NCCL\s*(?:错误|报错)",
         re.IGNORECASE)),
     # HCCL (torch_npu's "HCCL function error: HcclGetRootInfo(...), error code is 11", "call hccl api failed",
     # CANN's EI*** HCCL error codes)
@@ -70,6 +74,13 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"(?:cuda|驱动|driver)\s*(?:的)?\s*版本\s*(?:太|过|较)?(?:低|旧|不匹配|不对应)|"
         r"\b(?:cuda|driver) version (?:is )?(?:too (?:low|old)|mismatch\w*|incompatible)|"
         r"(?:can ?not|can't|cannot|unable to|fails? to|no longer) (?:do |use |enable )?p2p\b", re.IGNORECASE)),
+    # a device too old for a kernel or data type: vllm/config.py's "Bfloat16 is only supported on GPUs with compute
+    # capability of at least 8.0", "... requires compute capability >= 8.0", FlashAttention's "only supports Ampere
+    # GPUs or newer", "does not support fp8" / "doesn't support sm75"
+    (UNSUPPORTED, "the device's compute capability", ("compute capability", "ampere", "support fp8", "support sm"),
+     re.compile(r"only supported on GPUs with compute capability|requires? compute capability|compute capability "
+                r"(?:of at least|>=)|only supports? Ampere GPUs or newer|(?:does not|doesn't|don't|not) supports? "
+                r"(?:fp8|bf16|bfloat16|sm_?\d{2})\b", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
     # times out", error 507014 / 507015; the driver out of streams while ACL graphs are captured: "Alloc sq cq fail",
     # "driver error:resource alloc fail")
@@ -89,6 +100,7 @@ WHAT_IS = {
           "allocation failed",
     COLLECTIVE: "the collective library (NCCL/HCCL) failed to set up or run its communicators or their shared memory",
     DRIVER: "the driver or the device runtime failed (its version, or the runtime's own error)",
+    UNSUPPORTED: "the device cannot run a kernel or data type the launch asks for (its compute capability is too low)",
 }
 """What the failure is, said plainly."""
 ACTIONS = {
@@ -100,6 +112,8 @@ ACTIONS = {
                 "(ASCEND_GLOBAL_LOG_LEVEL for HCCL) for the failing call.",
     DRIVER: "Check the driver and runtime against the wheel: `nvidia-smi` / `npu-smi info` versions, the CUDA or CANN "
             "version the torch build needs, WSL's kernel; upgrade the driver (firmware/HDK on Ascend).",
+    UNSUPPORTED: "Choose what the device supports: `--dtype half` on GPUs before compute capability 8.0 (V100, T4), "
+                 "an FP8 or LoRA kernel only on GPUs that have it, or a newer device.",
 }
 
 

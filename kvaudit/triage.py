@@ -499,7 +499,7 @@ def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tole
 
 def _device_ran_out(ev: Evidence) -> bool:
     """Whether the report shows the device's memory running out, or vLLM refusing for lack of it."""
-    return (ev.first("oom", "kv_capacity_error", "memory_growth", "serving_oom") is not None
+    return (ev.first("oom", "kv_capacity_error", "memory_growth", "serving_oom", "collective_saw_oom") is not None
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 

@@ -9,7 +9,7 @@ from conftest import ROOT
 from kvaudit import commands
 from kvaudit.changes import between, since_before
 from kvaudit.evidence import clean_lines, extract
-from kvaudit.failures import COLLECTIVE, DRIVER, HOST, failures
+from kvaudit.failures import COLLECTIVE, DRIVER, HOST, UNSUPPORTED, failures
 
 needs_parser = pytest.mark.skipif(commands.parser_name() is None, reason="vLLM's parser is not installed")
 
@@ -171,6 +171,10 @@ def test_a_sentence_that_begins_with_a_flag_is_no_launch():
     ("my two Nvlinked 3090's can not do p2p and work with tensor parallel", DRIVER),  # vllm issue 8303
     ("RuntimeError: CUDA error: peer access is not supported between these two devices", DRIVER),
     ("The detected CUDA version (12.1) mismatches the version that was used to compile PyTorch (11.8).", DRIVER),
+    ("在WSL2环境下的多卡，vllm启动，QWEN3-VL-30B-A3B会出现NCCL999的错误。", COLLECTIVE),  # QwenLM/Qwen3-VL issue 1650
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has "
+     "compute capability 7.5.", UNSUPPORTED),  # vllm issue 1400
+    ("punica LoRA kernels require compute capability >= 8.0", UNSUPPORTED),  # vllm issue 3197
 ])
 def test_collective_and_driver_failures_by_their_wording(line, kind):
     assert [k for k, _, _ in failures([line])] == [kind]

@@ -459,3 +459,13 @@ def test_weights_from_a_name_take_the_checkpoints_width(name, width):
 
     got = _weights({"model": Sourced(name, "test")})
     assert got is not None and f"× {width:g} bytes" in got[1]
+
+
+def test_nccl_reporting_the_device_out_of_memory_is_the_devices():
+    """vllm issue 18446: "NCCL error ... unhandled cuda error" whose last error is "Cuda failure 'out of memory'"."""
+    t = triage("[Bug]: OOM Error with Qwen3-235B-A22B on V1 Engine\n"
+               "(VllmWorker rank=7 pid=240) torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/"
+               "distributed/c10d/NCCLUtils.cpp:133, unhandled cuda error (run with NCCL_DEBUG=INFO for details)\n"
+               "(VllmWorker rank=7 pid=240) ncclUnhandledCudaError: Call to CUDA function failed.\n"
+               "(VllmWorker rank=7 pid=240) Last error:\n(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'\n")
+    assert t.verdict == "allocation-matches-plan"
