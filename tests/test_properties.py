@@ -196,7 +196,7 @@ def test_any_size_is_parsed_or_refused_in_one_line(text):
 
 _REPORT_FILES = sorted((ROOT / "fixtures/reports").glob("*.log")) + sorted(
     p for folder in ("threads", "develop", "held-out-1") for p in (ROOT / "fixtures/reports" / folder).glob("*.txt"))
-"""(Not the held-out-2 threads: triage's score on them is measured once, on reports it has never seen.)"""
+"""(Not the later held-out sets: each is kept as it was when its score was measured once.)"""
 LINES = sorted({line for p in _REPORT_FILES for line in p.read_text(errors="replace").splitlines() if line.strip()})
 """Every distinct line of the shipped reports (from public threads and logs, cited beside them)."""
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

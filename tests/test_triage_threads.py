@@ -141,22 +141,74 @@ def test_first_held_out_thread_verdict_and_cause(name):
     _verdict_and_cause(HELD_OUT_1, name, HELD_OUT_1_EXPECTED[name])
 
 
-HELD_OUT_2 = ROOT / "fixtures" / "reports" / "held-out-2"
+LATER = {folder: ROOT / "fixtures" / "reports" / folder for folder in ("held-out-2", "held-out-3", "held-out-4")}
+"""The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
+studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
+MISSED_LATER = {
+    "held-out-2": {
+        "QwenLM-Qwen3-110.txt": "the refusal retyped by hand ('maxinum', no figure) is not vLLM's wording",
+        "QwenLM-Qwen3-845.txt": "no device size: 7B weights against an unnamed GPU",
+        "vllm-1084.txt": "a WSL pin_memory warning, no failure",
+        "vllm-11251.txt": "0.6.4's profile change is read; the thread names graph memory outside the budget",
+        "vllm-1354.txt": "'No available memory' where the thread says the weights do not fit",
+        "vllm-13582.txt": "the utilization that failed is not in the report",
+        "vllm-1449.txt": "a question with no model or device",
+        "vllm-4369.txt": "'model weights took 13.37' in prose, an MoE's active size in its name",
+        "vllm-5993.txt": "CUDA_VISIBLE_DEVICES set after import is read as the cause",
+        "vllm-759.txt": "host RAM while loading, asked as a question",
+        "vllm-ascend-168.txt": "an ACL invalid-device error is read as not memory, the thread says the runtime",
+    },
+    "held-out-3": {
+        "QwenLM-Qwen3-458.txt": "another process on the device is not in the report's figures",
+        "vllm-1573.txt": "a derived max model len the report does not state",
+        "vllm-27174.txt": "'Potentially a memory leak?' is read as growth; the thread asked for logs",
+        "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
+        "vllm-4821.txt": "8B fp16 weights over 0.9 of a 16 GB card are called no room, the thread says weights",
+        "vllm-49224.txt": "Model Runner V2's default (0.25) is no change kvaudit knows",
+        "vllm-50159.txt": "Model Runner V2's extra KV budget is no change kvaudit knows",
+        "vllm-57475.txt": "graph capture at 0.98, where the thread names the utilization",
+        "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",
+        "vllm-ascend-6299.txt": "a top table's RES is not read as the host's memory",
+        "vllm-ascend-9894.txt": "W8A8 weights loaded unquantized are not in the report's figures",
+    },
+    "held-out-4": {
+        "modelscope-ms-swift-3363.txt": "a wrapper's max_memory option against vLLM's TP",
+        "vllm-14450.txt": "LoRA memory left out of vLLM's sizing fits no verdict triage gives",
+        "vllm-18446.txt": "V1's larger CUDA graphs named only as 'works on V0'",
+        "vllm-2352.txt": "memory use asked about with no failure and no question mark",
+        "vllm-ascend-2422.txt": "the thread asked for logs; triage concludes",
+        "vllm-ascend-4026.txt": "EL0004 'Failed to allocate memory' where the thread says 310P is unsupported",
+        "vllm-ascend-6676.txt": "a CANN SoC mismatch is not named as the driver",
+        "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",
+        "zai-org-GLM-4-149.txt": "1M tokens of max model len stated in prose against a 40 GB card",
+        "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",
+        "zai-org-GLM-4-743.txt": "'Got fatal signal from worker processes' with no error shown",
+    },
+}
+"""Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
+_LATER_REPORTS = [(folder, p.name) for folder, path in LATER.items() for p in sorted(path.glob("*.txt"))]
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in HELD_OUT_2.glob("*.txt")))
-def test_second_held_out_report_is_answered_in_the_schema_never_refused(name, capsys):
-    """The second held-out set's score is bench/triage_threads.py's to measure (once, with the code frozen); here only
-    what must hold on every real report: an answer in the schema, no traceback, no exit 2."""
-    code = main(["triage", str(HELD_OUT_2 / name), "--format", "json"])
+@pytest.mark.parametrize("folder, name", _LATER_REPORTS)
+def test_later_held_out_report_is_answered_in_the_schema_never_refused(folder, name, capsys):
+    """What must hold on every real report: an answer in the schema, no traceback, no exit 2."""
+    code = main(["triage", str(LATER[folder] / name), "--format", "json"])
     out, err = capsys.readouterr()
     assert code in (0, 3) and "Traceback" not in err, err
     jsonschema.validate(json.loads(out), SCHEMA)
 
 
-def test_second_held_out_set_is_cited_and_expected():
-    names = sorted(p.name for p in HELD_OUT_2.glob("*.txt"))
-    expected = json.loads((HELD_OUT_2 / "expected.json").read_text())
-    readme = (HELD_OUT_2 / "README.md").read_text()
-    assert names == sorted(expected) and len(names) >= 30
+@pytest.mark.parametrize("folder, name", [
+    pytest.param(f, n, marks=pytest.mark.xfail(reason=MISSED_LATER[f][n], strict=True)) if n in MISSED_LATER[f]
+    else (f, n) for f, n in _LATER_REPORTS if _expected(LATER[f])[n]["verdict"] is not None])
+def test_later_held_out_thread_verdict_and_cause(folder, name):
+    _verdict_and_cause(LATER[folder], name, _expected(LATER[folder])[name])
+
+
+@pytest.mark.parametrize("folder", sorted(LATER))
+def test_later_held_out_sets_are_cited_and_expected(folder):
+    names = sorted(p.name for p in LATER[folder].glob("*.txt"))
+    expected = json.loads((LATER[folder] / "expected.json").read_text())
+    readme = (LATER[folder] / "README.md").read_text()
+    assert names == sorted(expected) and len(names) >= 25
     assert all(f"`{n}`" in readme or n in readme for n in names)
