@@ -469,3 +469,12 @@ def test_nccl_reporting_the_device_out_of_memory_is_the_devices():
                "(VllmWorker rank=7 pid=240) ncclUnhandledCudaError: Call to CUDA function failed.\n"
                "(VllmWorker rank=7 pid=240) Last error:\n(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'\n")
     assert t.verdict == "allocation-matches-plan"
+
+
+def test_graph_capture_at_a_stated_utilization_near_1_is_the_utilizations():
+    """vllm issue 57475: OOM capturing CUDA graphs at --gpu-memory-utilization 0.98; 0.97 boots."""
+    text = ("[Bug] OOM during graph capture at high `--gpu-memory-utilization`\n"
+            "vllm serve Qwen/Qwen3-8B --gpu-memory-utilization 0.98\n"
+            "it crashes during CUDA-graph capture with `torch.OutOfMemoryError`.\n")
+    assert triage(text).cause == "utilization-too-high"
+    assert triage(text.replace("0.98", "0.9")).cause == "graph-capture"

@@ -166,7 +166,6 @@ MISSED_LATER = {
         "vllm-4821.txt": "8B fp16 weights over 0.9 of a 16 GB card are called no room, the thread says weights",
         "vllm-49224.txt": "Model Runner V2's default (0.25) is no change kvaudit knows",
         "vllm-50159.txt": "Model Runner V2's extra KV budget is no change kvaudit knows",
-        "vllm-57475.txt": "graph capture at 0.98, where the thread names the utilization",
         "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",
         "vllm-ascend-6299.txt": "a top table's RES is not read as the host's memory",
         "vllm-ascend-9894.txt": "W8A8 weights loaded unquantized are not in the report's figures",
