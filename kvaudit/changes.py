@@ -20,6 +20,8 @@ class Change:
     """The triage cause it explains (``kvaudit.triage.CAUSES``)."""
     fix: str
     source: str
+    named_by: tuple[str, ...] = ()
+    """What a report calls the change by (its switch, its log line), lower-cased: a report naming one has met it."""
 
 
 CHANGES: tuple[Change, ...] = (
@@ -43,6 +45,24 @@ CHANGES: tuple[Change, ...] = (
            "`--max-num-seqs 256` (V0's default), a lower `--gpu-memory-utilization`, or `--enforce-eager`; "
            "`VLLM_USE_V1=0` while V0 exists (to 0.10)",
            "vLLM PR #13726 (V1 on by default, v0.8.0), vllm/engine/arg_utils.py _set_default_args_v1"),
+    Change("0.11.0", "CUDA graphs are captured as FULL_AND_PIECEWISE by default: full decode graphs as well as the "
+           "piecewise ones, so graph capture needs more memory", "default-changed",
+           "`--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'`, `--enforce-eager`, or a lower "
+           "`--gpu-memory-utilization`",
+           "vLLM v0.11.0 release notes (\"turns on FULL_AND_PIECEWISE as the CUDA graph mode default\")"),
+    Change("0.21.0", "the profile run estimates the CUDA graphs' memory and takes it from the KV budget "
+           "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default), so the same utilization leaves a smaller KV "
+           "cache", "default-changed",
+           "the higher `--gpu-memory-utilization` vLLM's start-up log suggests, `--kv-cache-memory`, or "
+           "`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`",
+           "vLLM PR #30515 (account for CUDA graphs during memory profiling); vllm/envs.py, \"Enabled by default as "
+           "of v0.21.0\"", ("vllm_memory_profiler_estimate_cudagraphs", "cuda graph memory profiling is enabled")),
+    Change("0.25.0", "Model Runner V2 is the default for dense models, and its profile_cudagraph_memory() reserved "
+           "nothing for CUDA graphs, so the KV cache took the whole budget and graph capture (or a later batch) ran "
+           "out", "default-changed",
+           "`VLLM_USE_V2_MODEL_RUNNER=0` (the previous runner), or a lower `--gpu-memory-utilization`",
+           "vLLM PR #44443 (Model Runner V2 on by default for dense models, v0.25.0); vllm issue #49224; fixed by "
+           "vLLM PR #53306 (reserve CUDA graph memory)", ("model runner v2", "vllm_use_v2_model_runner", "mrv2")),
 )
 """The changes, oldest first."""
 
@@ -58,3 +78,8 @@ def since_before(fails: str) -> list[Change]:
     """The changes of the failing release itself (what "worked in the previous versions" points to)."""
     key = version_key(fails)
     return [c for c in CHANGES if version_key(c.release)[:2] == key[:2] and version_key(c.release) <= key]
+
+
+def named_in(low_text: str) -> list[Change]:
+    """The changes a report names by their switch or log line (``low_text`` lower-cased)."""
+    return [c for c in CHANGES if any(name in low_text for name in c.named_by)]

@@ -643,6 +643,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
+    _named_changes(ev, lines, lows)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
@@ -905,6 +906,19 @@ def _shell_value(text: str) -> str:
         a, b = int(m["a"]), int(m["b"])
         return str(a * b if m["op"] == "*" else a + b if m["op"] == "+" else a - b)
     return text.strip("'\"")
+
+
+def _named_changes(ev: Evidence, lines: list[str], lows: list[str]) -> None:
+    """vLLM's memory changes the report names by their switch or log line (``kvaudit.changes``: "Model Runner V2",
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): the first line naming each."""
+    from kvaudit.changes import CHANGES
+
+    text = "\n".join(lows)
+    for change in CHANGES:
+        at = min((i for i in (text.find(name) for name in change.named_by) if i >= 0), default=-1)
+        if at >= 0:
+            n = text.count("\n", 0, at) + 1
+            ev.add("change_named", change.release, n, lines[n - 1])
 
 
 def _continues(lines: list[str], n: int) -> bool:

@@ -923,6 +923,9 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     capacity = ev.first("kv_capacity_error")
     changes = _changes(ev)
     pair = release_pair(ev)
+    from kvaudit.changes import CHANGES
+
+    named = [(c, f) for f in ev.all("change_named") for c in CHANGES if c.release == f.value and c.named_by]
     running = ev.first("served", "captured", "memory_growth", "serving_oom") is not None or phase in (
         "CUDA/ACL graph capture", "serving requests")
     over_device = weights is not None and T and weights[0] > T and not running
@@ -978,6 +981,11 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                 f"({_where(ev.first('release_fails'), 100)}): from {c.release} on, {c.what} ({c.source})."  # type: ignore[arg-type]
                 + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
                     f"{x.release}: {x.what}" for x in changes[:-1]) + "."))
+        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
+    elif named:
+        c, f = named[-1]
+        cause = c.cause
+        text = (f"the report names {_where(f, 100)}: from {c.release} on, {c.what} ({c.source}).")
         actions.append(c.fix[0].upper() + c.fix[1:] + ".")
     elif ev.first("cvd_after_import") is not None:
         cause = "device-selection"

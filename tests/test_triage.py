@@ -478,3 +478,10 @@ def test_graph_capture_at_a_stated_utilization_near_1_is_the_utilizations():
             "it crashes during CUDA-graph capture with `torch.OutOfMemoryError`.\n")
     assert triage(text).cause == "utilization-too-high"
     assert triage(text.replace("0.98", "0.9")).cause == "graph-capture"
+
+
+def test_a_report_naming_a_changed_default_is_told_the_change_and_its_switch():
+    """vllm issue 49224: Model Runner V2, the default for dense models from 0.25.0, reserved no CUDA graph memory."""
+    t = triage("[Bug]: Model Runner V2 (now default for dense models) skips CUDA graph memory reservation\n"
+               "vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 8\ntorch.OutOfMemoryError: CUDA out of memory.\n")
+    assert t.cause == "default-changed" and any("VLLM_USE_V2_MODEL_RUNNER=0" in a for a in t.actions)
