@@ -79,7 +79,3 @@ def since_before(fails: str) -> list[Change]:
     key = version_key(fails)
     return [c for c in CHANGES if version_key(c.release)[:2] == key[:2] and version_key(c.release) <= key]
 
-
-def named_in(low_text: str) -> list[Change]:
-    """The changes a report names by their switch or log line (``low_text`` lower-cased)."""
-    return [c for c in CHANGES if any(name in low_text for name in c.named_by)]

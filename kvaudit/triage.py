@@ -1038,7 +1038,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
             "assumed") and ev.first("eager_works") is None):
         cause = "utilization-too-high"
         text = (f"the device ran out capturing graphs at `--gpu-memory-utilization {u}`: {CAUSES[cause]} (the graphs "
-                "are captured after the KV cache takes its share)")
+                "are captured after the KV cache takes its share).")
         actions.append("Lower `--gpu-memory-utilization` (vLLM's default is 0.9) to leave the graphs room, or "
                        "`--enforce-eager` at some decode speed.")
     elif phase == "CUDA/ACL graph capture" or ev.first("eager_works") is not None:
