@@ -1034,7 +1034,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         actions.append("Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a release "
                        "that fixes the leak, or restart the engine periodically; a lower `--gpu-memory-utilization` buys "
                        "time.")
-    elif (phase == "CUDA/ACL graph capture" and u >= 0.95 and not values["gpu_memory_utilization"].source.startswith(
+    elif (phase == "CUDA/ACL graph capture" and u > 0.95 and not values["gpu_memory_utilization"].source.startswith(
             "assumed") and ev.first("eager_works") is None):
         cause = "utilization-too-high"
         text = (f"the device ran out capturing graphs at `--gpu-memory-utilization {u}`: {CAUSES[cause]} (the graphs "
