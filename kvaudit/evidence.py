@@ -496,6 +496,7 @@ def _all_words() -> tuple[str, ...]:
     from kvaudit.failures import WORDINGS
 
     return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, words in _PROSE_FACTS_RX for w in words}
+                        | {w for words in _PROSE_ALSO.values() for w in words}
                         | {w for _, _, words, _ in WORDINGS for w in words}))
 
 
@@ -826,7 +827,7 @@ _CLAIM_WORDS = ("oom", "error", "fail", "work", "fine", " ok", "okay", "succe", 
                 "问题", "可以", "不能", "无法", "不行", "显存", "却")
 """Words a sentence that says a release works or fails holds one of."""
 _GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "going up", "leak", "上涨", "增长", "增加",
-                 "增大", "变大", "上升", "提升", "升高", "泄", "hour", "day", "week")
+                 "增大", "变大", "上升", "提升", "升高", "泄", " hour", " day", " week")
 _UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|"
                          r"为|设置为|设为|设置成|改为)?[ \t]*(?P<v>0?\.\d{1,3}|1\.0)(?![\d.])", re.IGNORECASE)
 """A utilization the reporter states ("I set gpu_memory_utilization to 0.95", "utilization 0.4")."""
@@ -850,6 +851,12 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
     ("capture_oom", _CAPTURE_OOM, ("captur",)),
 )
 """The facts of the reporter's sentences, each pattern with words one of which its lines hold (lower-cased)."""
+_PROSE_ALSO = {
+    "capture_oom": ("memory", "oom", "显存"),
+    "serving_oom": ("request", "input", "prompt", "concurren", "stress test", "load test", "benchmark", "long ",
+                    "serving", "inference", "压测", "并发", "请求", "推理", "长文本"),
+}
+"""Words one of which a line must also hold for these patterns (what their other half names)."""
 
 
 def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set[int]]) -> None:
@@ -863,7 +870,10 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set
     sized = {bisect.bisect_right(starts, m.start()) for m in _SIZE_HINT.finditer(text)}
     found: list[tuple[int, str, Any]] = []
     for key, rx, words in _PROSE_FACTS_RX:
-        for n in sorted((set().union(*(where[w] for w in words)) if words else sized) & prose):
+        lines_of = (set().union(*(where[w] for w in words)) if words else sized) & prose
+        if key in _PROSE_ALSO:
+            lines_of &= set().union(*(where[w] for w in _PROSE_ALSO[key]))
+        for n in sorted(lines_of):
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
                 continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.failures says so
             if m := rx.search(lines[n - 1]):

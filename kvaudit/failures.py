@@ -26,7 +26,8 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"\boom[-_ ]kill|Out of memory: Kill(?:ed)? process|Memory cgroup out of memory", re.IGNORECASE)),
     # Ray's memory monitor (ray/_private/memory_monitor.py, raylet): "Workers ... killed due to memory pressure (OOM)",
     # "Task was killed due to the node running low on memory", RayOutOfMemoryError; users call it "Ray OOM"
-    (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node", "ray"),
+    (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node", "ray oom",
+                                     "ray's oom", "ray out of memory"),
      re.compile(r"killed due to memory pressure|running low on memory|RayOutOfMemoryError|Memory on the node .{0,80} was "
                 r"[0-9.]+\s*GB / [0-9.]+\s*GB|\bRay(?:'s)? (?:OOM|out of memory)\b", re.IGNORECASE)),
     # torch's CPU allocator (c10/core/impl/alloc_cpu.cpp: "DefaultCPUAllocator: can't allocate memory"), errno 12
