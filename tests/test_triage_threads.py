@@ -141,7 +141,8 @@ def test_first_held_out_thread_verdict_and_cause(name):
     _verdict_and_cause(HELD_OUT_1, name, HELD_OUT_1_EXPECTED[name])
 
 
-LATER = {folder: ROOT / "fixtures" / "reports" / folder for folder in ("held-out-2", "held-out-3", "held-out-4")}
+LATER = {folder: ROOT / "fixtures" / "reports" / folder
+         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -182,6 +183,12 @@ MISSED_LATER = {
         "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",
         "zai-org-GLM-4-743.txt": "'Got fatal signal from worker processes' with no error shown",
     },
+    "held-out-5": {
+        "TideDra-lmm-r1-43.txt": "a trainer on the same GPU at vLLM's wake_up is not read as another process",
+        "verl-project-verl-224.txt": "host RAM too small for an RL job, stated as the fix, not in the report",
+        "verl-project-verl-3339.txt": "a framework's eager-mode switch that fixed it is not in the report",
+        "vllm-42049.txt": "a torch release's allocator regression, read as weights",
+    },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
 _LATER_REPORTS = [(folder, p.name) for folder, path in LATER.items() for p in sorted(path.glob("*.txt"))]
@@ -208,5 +215,5 @@ def test_later_held_out_sets_are_cited_and_expected(folder):
     names = sorted(p.name for p in LATER[folder].glob("*.txt"))
     expected = json.loads((LATER[folder] / "expected.json").read_text())
     readme = (LATER[folder] / "README.md").read_text()
-    assert names == sorted(expected) and len(names) >= 25
+    assert names == sorted(expected) and len(names) >= 8
     assert all(f"`{n}`" in readme or n in readme for n in names)
