@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvaudit.changes import CHANGES
 from kvaudit.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split
 from kvaudit.errors import UsageError
 from kvaudit.failures import failures
@@ -495,8 +496,8 @@ class _Command:
 def _all_words() -> tuple[str, ...]:
     from kvaudit.failures import WORDINGS
 
-    return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, words in _PROSE_FACTS_RX for w in words}
-                        | {w for words in _PROSE_ALSO.values() for w in words}
+    return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, groups in _PROSE_FACTS_RX for g in groups for w in g}
+                        | {name for change in CHANGES for name in change.named_by}
                         | {w for _, _, words, _ in WORDINGS for w in words}))
 
 
@@ -644,7 +645,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
-    _named_changes(ev, lines, lows)
+    _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
@@ -837,26 +838,24 @@ _MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
 _HOST_NAMED = re.compile(r"\b(?:RAM|RSS|host|CPU memory|system memory)\b|(?<!显)内存|主机", re.IGNORECASE)
 """A sentence about the host's memory, not the device's ("内存" without "显": RAM)."""
-_PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[str, ...]], ...] = (
-    ("util_prose", _UTIL_PROSE, ("util", "利用率")),
-    ("mml_prose", _MML_PROSE, ("model_len", "model len", "model-len", "model_length", "model length")),
-    ("disaggregated", _DISAGGREGATED, ("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
-        f"{i}d" for i in range(1, 10))),
-    ("memory_question", _MEMORY_QUESTION, ("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
-                                           "video memory", "memory usage", "memory consumption", "memory footprint", "显存")),
-    ("tp_prose", _TP_PROSE, ("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel")),
+_PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...] = (
+    ("util_prose", _UTIL_PROSE, (("util", "利用率"),)),
+    ("mml_prose", _MML_PROSE, (("model_len", "model len", "model-len", "model_length", "model length"),)),
+    ("disaggregated", _DISAGGREGATED, (("pd", "p/d", "p-d", "prefill", "disaggregat", "预填充", "分离") + tuple(
+        f"{i}d" for i in range(1, 10)),)),
+    ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
+                                            "video memory", "memory usage", "memory consumption", "memory footprint",
+                                            "显存"),)),
+    ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
-    ("memory_growth", _GROWTH, _GROWTH_WORDS),
-    ("serving_oom", _SERVING_OOM, ("oom", "out of memory", "显存")),
-    ("capture_oom", _CAPTURE_OOM, ("captur",)),
+    ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
+    ("serving_oom", _SERVING_OOM, (("oom", "out of memory", "显存"), (
+        "request", "input", "prompt", "concurren", "stress test", "load test", "benchmark", "long ", "serving",
+        "inference", "压测", "并发", "请求", "推理", "长文本"))),
+    ("capture_oom", _CAPTURE_OOM, (("captur",), ("memory", "oom", "显存"))),
 )
-"""The facts of the reporter's sentences, each pattern with words one of which its lines hold (lower-cased)."""
-_PROSE_ALSO = {
-    "capture_oom": ("memory", "oom", "显存"),
-    "serving_oom": ("request", "input", "prompt", "concurren", "stress test", "load test", "benchmark", "long ",
-                    "serving", "inference", "压测", "并发", "请求", "推理", "长文本"),
-}
-"""Words one of which a line must also hold for these patterns (what their other half names)."""
+"""The facts of the reporter's sentences, each pattern with the words its lines must hold first (lower-cased): groups
+of alternatives, every group met, as ``_RULES``'s."""
 
 
 def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set[int]]) -> None:
@@ -869,11 +868,9 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set
         starts.append(starts[-1] + len(line) + 1)
     sized = {bisect.bisect_right(starts, m.start()) for m in _SIZE_HINT.finditer(text)}
     found: list[tuple[int, str, Any]] = []
-    for key, rx, words in _PROSE_FACTS_RX:
-        lines_of = (set().union(*(where[w] for w in words)) if words else sized) & prose
-        if key in _PROSE_ALSO:
-            lines_of &= set().union(*(where[w] for w in _PROSE_ALSO[key]))
-        for n in sorted(lines_of):
+    for key, rx, groups in _PROSE_FACTS_RX:
+        lines_of = set.intersection(*(set().union(*(where[w] for w in g)) for g in groups)) if groups else sized
+        for n in sorted(lines_of & prose):
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
                 continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.failures says so
             if m := rx.search(lines[n - 1]):
@@ -918,16 +915,13 @@ def _shell_value(text: str) -> str:
     return text.strip("'\"")
 
 
-def _named_changes(ev: Evidence, lines: list[str], lows: list[str]) -> None:
+def _named_changes(ev: Evidence, lines: list[str], where: dict[str, set[int]]) -> None:
     """vLLM's memory changes the report names by their switch or log line (``kvaudit.changes``: "Model Runner V2",
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): the first line naming each."""
-    from kvaudit.changes import CHANGES
-
-    text = "\n".join(lows)
     for change in CHANGES:
-        at = min((i for i in (text.find(name) for name in change.named_by) if i >= 0), default=-1)
-        if at >= 0:
-            n = text.count("\n", 0, at) + 1
+        named = set().union(*(where[name] for name in change.named_by))
+        if named:
+            n = min(named)
             ev.add("change_named", change.release, n, lines[n - 1])
 
 
