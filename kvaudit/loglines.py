@@ -87,15 +87,21 @@ def _after_string(text: str, j: int) -> int:
     return j + len(q)
 
 
+def _outside_strings(text: str, j: int):
+    """``(index, char)`` of ``text`` from ``j`` on, each Python string literal in it skipped whole."""
+    while j < len(text):
+        if text[j] in "'\"":
+            j = _after_string(text, j)
+            continue
+        yield j, text[j]
+        j += 1
+
+
 def _field_end(fmt: str, i: int) -> int:
     """The index of the ``}`` closing the replacement field that opens at ``fmt[i]``: brackets and quotes inside an
     f-string's expression (``{d['a']}``, ``{x[:2]}``) and a nested spec (``{x:{w}}``) are skipped."""
-    depth, j, n = 0, i + 1, len(fmt)
-    while j < n:
-        ch = fmt[j]
-        if ch in "'\"":
-            j = _after_string(fmt, j)
-            continue
+    depth = 0
+    for j, ch in _outside_strings(fmt, i + 1):
         if ch in "([{":
             depth += 1
         elif ch in ")]}":
@@ -104,30 +110,23 @@ def _field_end(fmt: str, i: int) -> int:
                     return j
                 raise ValueError(f"unbalanced {ch!r} at {j} in {fmt!r}")
             depth -= 1
-        j += 1
     raise ValueError(f"unclosed replacement field at {i} in {fmt!r}")
 
 
 def _split_field(field: str) -> tuple[str, str, str]:
     """A replacement field's ``expr!conv:spec`` as (expr, conv, spec): the first ``!`` or ``:`` outside brackets and
     quotes (and not ``!=``) ends the expression."""
-    depth, j, n = 0, 0, len(field)
-    while j < n:
-        ch = field[j]
-        if ch in "'\"":
-            j = _after_string(field, j)
-            continue
+    depth = 0
+    for j, ch in _outside_strings(field, 0):
         if ch in "([{":
             depth += 1
         elif ch in ")]}":
             depth -= 1
         elif depth == 0 and ch == "!" and not field.startswith("!=", j):
-            rest = field[j + 1:]
-            conv, _, spec = rest.partition(":")
+            conv, _, spec = field[j + 1:].partition(":")
             return field[:j], conv, spec
         elif depth == 0 and ch == ":":
             return field[:j], "", field[j + 1:]
-        j += 1
     return field, "", ""
 
 
