@@ -559,10 +559,11 @@ def _invoke(argv: list[str]) -> int:
     """Parse ``argv`` with typer and run the command; click's usage errors become one-line ``UsageError``."""
     ex = _click_exceptions()
     command = _click_command()
+    raised = None
     try:
         code = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
-    except _Raised as e:
-        raise e.raised from None
+    except _Raised as e:  # raised below, outside this handler, so that its own cause and context stay its own
+        raised = e.raised
     except ex.UsageError as e:  # click's usage errors: several lines with the usage; here one, naming the command
         where = e.ctx.command_path.partition(" ")[2] if e.ctx is not None else ""
         raise UsageError((f"{where}: " if where else "") + e.format_message()) from None
@@ -570,6 +571,8 @@ def _invoke(argv: list[str]) -> int:
         raise UsageError(e.format_message()) from None
     except typer.Abort:
         raise KeyboardInterrupt from None
+    if raised is not None:
+        raise raised
     return code if isinstance(code, int) else 0
 
 
@@ -662,6 +665,18 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _interrupted(e: BaseException | None) -> bool:
+    """Whether Ctrl-C ended the command: a KeyboardInterrupt, or an error raised because of one (Python
+    turns an interrupt inside a class body's ``__set_name__`` into a RuntimeError whose cause it is)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _failure(e: BaseException) -> tuple[int, str]:
     """The exit code and the one line for an exception that ended a command."""
     if isinstance(e, KvauditError):
@@ -669,7 +684,7 @@ def _failure(e: BaseException) -> tuple[int, str]:
     if isinstance(e, ModuleNotFoundError) and not (e.name or "").startswith("kvaudit"):
         missing = missing_dependency(e)  # a package this command needs (torch, vLLM, ...) is not installed
         return missing.exit_code, f"kvaudit: error: {missing.message}"
-    if isinstance(e, KeyboardInterrupt):
+    if _interrupted(e):
         return EXIT_INTERRUPTED, "kvaudit: interrupted"
     if isinstance(e, MemoryError):
         return EXIT_NOT_MEASURED, "kvaudit: error: this host ran out of memory (nothing was measured)"
@@ -745,12 +760,15 @@ def run() -> None:
     Once vLLM is loaded the process holds its modules, a gloo group and the models built on ``meta``,
     whose teardown at interpreter exit takes seconds (about 5 s of a 14 s audit here) and does
     nothing kvaudit needs; so after the output is flushed and kvaudit's own temp files are removed,
-    the process ends at once."""
+    the process ends at once. So does an interrupted one: Ctrl-C can land inside a library's import,
+    leaving half-built objects (a logging handler with no stream) whose teardown at exit would print a
+    traceback after "kvaudit: interrupted"."""
     code = main()
     plan = sys.modules.get("kvaudit.plan")
-    if plan is None:
+    if plan is None and code != EXIT_INTERRUPTED:
         sys.exit(code)
-    plan.remove_temp_dirs()
+    if plan is not None:
+        plan.remove_temp_dirs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

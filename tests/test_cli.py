@@ -199,8 +199,17 @@ def test_debug_adds_the_traceback(capsys, monkeypatch, argv):
     assert lines[-1].startswith("kvaudit: internal error")
 
 
+def _caused_by(e, cause):
+    e.__cause__ = cause
+    return e
+
+
 @pytest.mark.parametrize("exc, code, line", [
     (KeyboardInterrupt(), 130, "kvaudit: interrupted"),
+    # Ctrl-C inside a class body's __set_name__ (torch's dataclasses, while vLLM is imported) reaches
+    # kvaudit as the RuntimeError Python wraps it in
+    (_caused_by(RuntimeError("Error calling __set_name__ on 'Field' instance 'dtype' in 'TensorProperties'"),
+                KeyboardInterrupt()), 130, "kvaudit: interrupted"),
     # click reads EOFError as Ctrl-D at a prompt; a truncated archive raises it too
     (EOFError("Compressed file ended before the end-of-stream marker was reached"), 4,
      "kvaudit: internal error (a bug in kvaudit, not a finding): EOFError: Compressed file ended"),
@@ -278,6 +287,19 @@ def test_ctrl_c_in_a_real_process_says_interrupted_and_exits_130():
     rest = p.stderr.read()
     assert p.wait(timeout=60) == 130, rest
     assert rest.strip().splitlines()[-1] == "kvaudit: interrupted", rest
+    assert "Exception ignored" not in rest, rest
+
+
+def test_an_interrupt_ends_the_process_without_the_teardown_of_what_it_left_half_built():
+    """Ctrl-C inside a library's import can leave a logging handler with no stream; logging's atexit
+    flush of it would print a traceback after "kvaudit: interrupted" (seen in CI at 2 s into an audit)."""
+    script = ("import logging, kvaudit.cli as cli\n"
+              "h = logging.StreamHandler(); del h.stream\n"
+              "def boom(argv, debug): raise KeyboardInterrupt\n"
+              "cli._main = boom\n"
+              "cli.run()\n")
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (130, "kvaudit: interrupted\n")
 
 
 def test_a_run_leaves_no_temp_files(tmp_path):
