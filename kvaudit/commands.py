@@ -463,7 +463,7 @@ def read_config(text: str) -> Launch | None:
         return None
     dedented = "\n".join(line[_indent(text):] for line in text.splitlines())
     try:
-        data = yaml.safe_load(dedented)
+        data = yaml.load(dedented, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # (libyaml's, where built)
     except Exception:  # noqa: BLE001 - yaml.YAMLError, and a recursion depth on hostile nesting
         return None
     found = _config_words(data, _engine_keys())

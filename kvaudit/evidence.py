@@ -497,7 +497,7 @@ def _all_words() -> tuple[str, ...]:
     from kvaudit.failures import WORDINGS
 
     return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, groups in _PROSE_FACTS_RX for g in groups for w in g}
-                        | {name for change in CHANGES for name in change.named_by}
+                        | {name for change in CHANGES for name in change.named_by} | set(_MESSAGE_STARTS)
                         | {w for _, _, words, _ in WORDINGS for w in words}))
 
 
@@ -522,6 +522,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     where = lines_holding(lows, _ALL_WORDS)  # every word any reader gates on, found in one pass over the text
     ruled = _rule_facts(lines, lows, where)
     logged = set().union(*(where[w] for w in _NEEDLES))
+    opened = set().union(*(where[w] for w in _MESSAGE_STARTS))
     prosed: list[int] = []
     for n, line in enumerate(lines, start=1):
         low = lows[n - 1]
@@ -565,11 +566,12 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
             _read_launch(ev, n, line, read_call("Namespace(" + m["d"] + ")", {}), add=True)
         logical, k = line, n
-        if not _continues(lines, n):
+        continued = _continues(lines, n)
+        if not continued:
             while logical.rstrip().endswith("\\") and k < len(lines) and k < n + 60:  # a command continued with "\"
                 logical, k = logical.rstrip()[:-1] + " " + lines[k].rstrip(), k + 1
         lowl = logical.lower() if k > n else low
-        if not _continues(lines, n) and (("vllm serve" in lowl or "api_server" in lowl or "benchmark_" in lowl
+        if not continued and (("vllm serve" in lowl or "api_server" in lowl or "benchmark_" in lowl
                                           or "vllm bench" in lowl or "vllm-openai" in lowl or "vllm_worker" in lowl
                                           or "-m vllm" in lowl) and (m := _CMD.search(logical))
                                          or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(line))):
@@ -597,7 +599,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
         if frame is None and n in logged:
-            for key, value in _log_facts(lines, n, line):  # vLLM's and vllm-ascend's own formats
+            for key, value in _log_facts(lines, n, line, opened):  # vLLM's and vllm-ascend's own formats
                 ev.add(key, value, n, line)
         if "available memory" in low and (m := _ASCEND_AVAILABLE.search(line)):
             ev.add("available_kv", int(m["a"]), n, line)
@@ -889,12 +891,12 @@ _CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:I
 """What a continued line starts with before the message goes on: a log prefix, a quote bar (``▎``), blanks."""
 
 
-def _log_facts(lines: list[str], n: int, line: str) -> list[tuple[str, Any]]:
+def _log_facts(lines: list[str], n: int, line: str, starts: set[int]) -> list[tuple[str, Any]]:
     """The facts of line ``n`` by the catalogue of vLLM's and vllm-ascend's own formats (``kvaudit.loglines``); a
-    message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole."""
+    message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole where the line
+    is one of ``starts``, those holding a message's opening words."""
     got = read_line(line)
-    low = line.lower()
-    if got or not any(start in low for start in _MESSAGE_STARTS):
+    if got or n not in starts:
         return got
     joined, alone = line.rstrip(), set()
     for k in range(n, min(n + 3, len(lines))):
