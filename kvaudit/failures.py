@@ -20,10 +20,12 @@ UNSUPPORTED = "not-out-of-memory"
 """A kernel or data type the device cannot run (its compute capability): no memory failure at all."""
 
 WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
-    # the shell reporting a process the kernel killed; exit status 128 + SIGKILL (9)
+    # the shell reporting a process the kernel killed; exit status 128 + SIGKILL (9); the kernel's own words (mm/oom_kill.c:
+    # "invoked oom-killer", "oom-kill:constraint=", "Out of memory: Killed process"), and "OOM killer" / "OOM-killed"
+    # (not "the OOM kills EngineCore": a device out-of-memory ending the engine)
     (HOST, "kernel OOM killer / SIGKILL", ("killed", "137", "sigkill", "exitcode", "signal 9", "oom-kill", "oom_kill", "oom kill", "kill process", "cgroup"), re.compile(
         r"^\s*(?:\S+:\s*)?Killed\s*$|exit(?:ed with)? code:? 137\b|\(SIGKILL\)|exitcode\s*:\s*-9\b|signal 9\b|"
-        r"\boom[-_ ]kill|Out of memory: Kill(?:ed)? process|Memory cgroup out of memory", re.IGNORECASE)),
+        r"\boom[-_ ]kill(?:er\b|ed\b|_process|:)|Out of memory: Kill(?:ed)? process|Memory cgroup out of memory", re.IGNORECASE)),
     # Ray's memory monitor (ray/_private/memory_monitor.py, raylet): "Workers ... killed due to memory pressure (OOM)",
     # "Task was killed due to the node running low on memory", RayOutOfMemoryError; users call it "Ray OOM"
     (HOST, "Ray's memory monitor", ("memory pressure", "low on memory", "rayoutofmemory", "memory on the node", "ray oom",

@@ -184,13 +184,18 @@ def test_a_sentence_that_begins_with_a_flag_is_no_launch():
     ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has "
      "compute capability 7.5.", UNSUPPORTED),  # vllm issue 1400
     ("punica LoRA kernels require compute capability >= 8.0", UNSUPPORTED),  # vllm issue 3197
+    ("VLLM::Worker_TP invoked oom-killer: gfp_mask=0x102cc2(GFP_HIGHUSER)", HOST),  # the kernel's own line
+    ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python3,pid=4321", HOST),
+    ("the container got OOM-killed after loading", HOST),
 ])
 def test_collective_and_driver_failures_by_their_wording(line, kind):
     assert [k for k, _, _ in failures([line])] == [kind]
 
 
 @pytest.mark.parametrize("line", ["CUDA version 12.1", "the driver is fine", "--kv-transfer-config with the p2p nccl "
-                                  "connector", "NCCL_DEBUG=INFO"])
+                                  "connector", "NCCL_DEBUG=INFO",
+                                  # a device out-of-memory that ended the engine (vllm issue 53413)
+                                  "batch gets large enough. The OOM kills EngineCore, so every in-flight request fails"])
 def test_lines_that_name_a_driver_or_nccl_without_a_failure(line):
     assert failures([line]) == []
 

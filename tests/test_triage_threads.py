@@ -142,7 +142,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
-         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5")}
+         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -188,6 +188,26 @@ MISSED_LATER = {
         "verl-project-verl-224.txt": "host RAM too small for an RL job, stated as the fix, not in the report",
         "verl-project-verl-3339.txt": "a framework's eager-mode switch that fixed it is not in the report",
         "vllm-42049.txt": "a torch release's allocator regression, read as weights",
+    },
+    "held-out-6": {
+        "EleutherAI-lm-evaluation-harness-2490.txt": "prompt logprobs vLLM does not profile, stated in prose",
+        "datawhalechina-self-llm-162.txt": "fp16 weights over T4s for a model not resolved offline",
+        "discuss-vllm-1502.txt": "a prose question on V1's one-request rule, no log",
+        "joshua8-qwen35-35b-rtx-5090-vllm.txt": "Triton's autotuning buffers (memory vLLM does not profile) read as weights",
+        "kenrollins-gemma-forge-context-window-edge.txt": "an HTTP 400 context-length refusal is not read as a failure",
+        "kenrollins-gemma-forge-nvfp4-vram-math.txt": "an NVFP4 checkpoint's bf16 attention weights are not in the figures",
+        "tilcodes-speed-racer-gone-wrong.txt": "memory growing under CUDA graphs while serving is not read",
+        "verl-project-verl-302.txt": "a colocated trainer at vLLM's wake_up is not read as another process",
+        "verl-project-verl-632.txt": "a colocated trainer that kept its cache is not read as another process",
+        "vllm-34877.txt": "the sleep-mode allocator's pool while weights load is not the KV cache's allocator",
+        "vllm-43951.txt": "the sleep-mode allocator's pool while weights load, read as weights",
+        "vllm-53413.txt": "a kernel's workspace while serving, stated in prose, names no cause",
+        "vllm-8073.txt": "two fragments; the draft model vLLM did not profile is not read",
+        "vllm-9995.txt": "a draft model vLLM does not profile at 0.99 is not read",
+        "vllm-ascend-14004.txt": "a 310P budget rule that subtracts another process twice is not audited",
+        "vllm-ascend-449.txt": "an invalid-device assertion in the title only; two LLM( examples read as two engines",
+        "vllm-ascend-6942.txt": "ASCEND_VISIBLE_DEVICES in containers is not read as device selection",
+        "xorbitsai-inference-1847.txt": "an embedding model on the same card is not read as another process",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
