@@ -1,6 +1,6 @@
 """Run one strategy under a meter against vLLM's plan, attribute the bytes, and decide the verdict.
 
-The verdict rule (documented in the README):
+The verdict rule (documented in docs/usage.md, "Verdict and tolerance"):
 - expected = the bytes vLLM plans (each shared tensor once); allocated = what the meter measured;
 - over-allocation fails when ``allocated - expected`` exceeds the tolerance: ``tolerance × expected``
   plus, with ``--kv-transfer``, one 2 MiB alignment unit per planned tensor (vllm-ascend's

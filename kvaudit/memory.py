@@ -6,8 +6,9 @@ vLLM's worker measures this on the device at start-up (``Worker.determine_availa
     KV budget = device memory × gpu_memory_utilization − weights − peak activation − non-torch − graph estimate
 
 kvaudit has no device, so each measured term is modelled from the code vLLM runs to produce it, with
-the constants named below, each set once from public start-up logs that print vLLM's own figures (the
-README's "Non-KV memory and start-up lines" names them; ``bench/startup.py`` measures the result). What vLLM computes itself is asked of vLLM: the batch sizes and
+the constants named below, each set once from public start-up logs that print vLLM's own figures ("Non-KV
+memory and start-up lines" in docs/audit.md names them; ``bench/startup.py`` measures the result). What vLLM
+computes itself is asked of vLLM: the batch sizes and
 sequence counts (its engine config), the CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``),
 the model's dimensions per rank (``ModelConfig``).
 
@@ -32,7 +33,7 @@ from typing import Any
 from kvaudit.versions import version_key
 from kvaudit.units import GiB, MiB
 
-# --- constants set once from public logs (README "Non-KV memory and start-up lines" names each source) ------
+# --- constants set once from public logs (docs/audit.md, "Non-KV memory", names each source) ------
 
 FORWARD_SCALE = 1.75
 """The profile forward's torch peak over the structural width of one decoder layer (``_forward_width``)."""
@@ -52,7 +53,7 @@ GRAPH_BYTES_PER_LAYER = 384 * 1024
 GRAPH_FIRST_SCALE = 1.0
 """The first capture of a mode over the activation width of its largest batch (the pool's buffers)."""
 
-# --- release eras (vLLM's own code, read per release; README "Non-KV memory" cites them) -------------------
+# --- release eras (vLLM's own code, read per release; docs/audit.md, "Non-KV memory", cites them) -------------------
 
 SAMPLER_COPIES = (("0.12.0", 3.5), ("0.17.0", 7.0), (None, 3.5))
 """The sampler dummy run's peak in float32 copies of its ``[rows, vocabulary]`` logits, by era (first release
