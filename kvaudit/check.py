@@ -227,6 +227,7 @@ def render(result: CheckResult) -> list[Any]:
     from rich.text import Text
 
     from kvaudit.report import meter_label
+    from kvaudit.tables import fitted
 
     meters = sorted({result.reports[r.report].meter for r in result.results if r.report is not None})
     table = Table(title=e(f"kvaudit check {result.policy}: planned by vLLM {result.vllm_version}; meter "
@@ -239,7 +240,7 @@ def render(result: CheckResult) -> list[Any]:
                       f"{r.ratio:.2f}×" if r.ratio is not None else "—", Text(_status(r), style=style),
                       e("" if r.outcome == PASS and r.as_expected else
                         r.cell.why if r.as_expected and r.cell.why else r.reason))
-    return [table]
+    return [fitted(table, wrap=("cell", "reason"))]
 
 
 def summary_line(result: CheckResult) -> str:

@@ -302,16 +302,10 @@ def history_command(a: Any) -> int:
                "meter": "meta", "releases": [r.to_dict() for r in rows]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        print(f"{spec.name}: TP {d.tp}, util {d.gpu_memory_utilization}, planned by vLLM {vllm_version()}, meter meta "
-              "(accounting, not a device measurement)")
-        print(f"{'release':14} {'ratio':>7} {'storages':>9}  {'verdict':11} change")
-        for r in rows:
-            ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
-            storages = f"{r.storages}" if r.storages is not None else "—"
-            change = ("← changed" + (f": {r.pr}" if r.pr else "")) if r.changed else (r.reason or "")
-            if r.kv_budget_scale is not None:
-                change += ("; " if change else "") + f"planned with ×{r.kv_budget_scale:.2f} of the budget (its worker)"
-            print(f"{r.version:14} {ratio:>7} {storages:>9}  {r.verdict:11} {change}")
+        from kvaudit.history import render
+
+        _print(render(rows, f"{spec.name}: TP {d.tp}, util {d.gpu_memory_utilization}, planned by vLLM "
+                            f"{vllm_version()}, meter meta (accounting, not a device measurement)"))
     audited = [r for r in rows if r.ratio is not None]
     return 1 if any(r.verdict == "FAIL" for r in audited) and audited[-1].verdict == "FAIL" else (
         0 if audited else 3)
@@ -460,6 +454,9 @@ COMMANDS = ("audit", "plan", "check", "compare", "models", "triage", "history", 
 
 def build_app() -> typer.Typer:
     """The typer application: the commands, one shortcut per preset, shell completion."""
+    from kvaudit.tables import keep_option_names_whole
+
+    keep_option_names_whole()
     app = typer.Typer(name="kvaudit", help=DESCRIPTION, add_completion=True, rich_markup_mode="rich",
                       context_settings={"help_option_names": ["--help", "-h"]}, pretty_exceptions_enable=False)
 

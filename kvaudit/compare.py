@@ -713,6 +713,8 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
     from rich.table import Table
     from rich.text import Text
 
+    from kvaudit.tables import fitted
+
     if detail not in ("summary", "groups", "layers"):
         raise UsageError(f"--detail must be summary, groups or layers, got {detail!r}")
     head = (f"[bold]kvaudit compare[/] · old [bold]{escape(c.old_path)}[/] → new [bold]{escape(c.new_path)}[/]\n"
@@ -727,6 +729,9 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
             t.add_column(col, justify="left" if col in ("strategy", what, "status") else "right",
                          no_wrap=col not in ("strategy", what))
         return t
+
+    def shown(t: Any, what: str) -> Any:
+        return fitted(t, wrap=("strategy", what))
 
     for st in c.stages:
         where = _where(c, st.pp_rank)
@@ -747,7 +752,7 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
                 for g in s.groups:
                     t.add_row(*_cells(g, f"{g.name} {g.spec or ''}".strip(), "", g.status))
             notes += [f"[bold]{escape(s.strategy)}[/]: {escape(n)}" for n in s.notes if n not in common]
-        out.append(t)
+        out.append(shown(t, "group"))
         if detail == "layers":
             rows = [(s, r) for s in st.strategies for r in s.layers
                     if r.status is not Status.SAME or r.delta_allocated_bytes or r.delta_expected_bytes]
@@ -756,7 +761,7 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
                        f"{hidden} layer rows with the same figures in both reports are not shown" if hidden else None)
             for s, r in rows:
                 lt.add_row(*_cells(r, short_layer(r.name), s.strategy, r.status))
-            out.append(lt)
+            out.append(shown(lt, "layer"))
         if notes:
             out.append(Text.from_markup("\n".join(f"• {n}" for n in notes)))
     out.append(Text(summary_line(c)))

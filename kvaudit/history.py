@@ -115,3 +115,23 @@ def _pr_for(version: str) -> str | None:
             if prs:
                 return ", ".join(f"#{n}" for n in prs) + " (release notes)"
     return ERA_PRS.get(version)
+
+
+def render(rows: list[Row], head: str) -> list[Any]:
+    """The rows as a table under ``head``: each release's ratio, storages and verdict, and where it changed."""
+    from rich.markup import escape as e
+    from rich.table import Table
+    from rich.text import Text
+
+    from kvaudit.tables import fitted
+
+    t = Table(title=e(head), title_justify="left")
+    for col in ("release", "ratio", "storages", "verdict", "change"):
+        t.add_column(col, justify="right" if col in ("ratio", "storages") else "left")
+    for r in rows:
+        change = ("← changed" + (f": {r.pr}" if r.pr else "")) if r.changed else (r.reason or "")
+        if r.kv_budget_scale is not None:
+            change += ("; " if change else "") + f"planned with ×{r.kv_budget_scale:.2f} of the budget (its worker)"
+        t.add_row(e(r.version), f"{r.ratio:.2f}×" if r.ratio is not None else "—",
+                  f"{r.storages}" if r.storages is not None else "—", e(r.verdict), e(change))
+    return [fitted(t, wrap=("change",))] if rows else [Text(head)]

@@ -13,6 +13,7 @@ from kvaudit import __version__
 from kvaudit.deployment import DEVICES, Deployment
 from kvaudit.memory import TITLES
 from kvaudit.results import AuditResult, KVPlan, PlanStage, Report, Verdict
+from kvaudit.tables import fitted
 from kvaudit.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def render_plan(stages: list[PlanStage], vllm_version: str | None) -> list[Any]:
         for name, plan in st.plans.items():
             pt.add_row(e(name), e(", ".join(names[name])), str(plan.block_size), f"{plan.num_blocks:,}",
                        f"{fmt_bytes(plan.planned_bytes)}")
-        out.append(pt)
+        out.append(fitted(pt, wrap=("strategies",)))
         out.append(capacity_table(st.capacity, list(names.items())))
         out += _startup_lines(st)
         if st.safe_utilization:
@@ -239,8 +240,8 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         f"[bold]{e(meter_label(meter))}[/]" + (f"\nmeasured on {e(str(rep.meter_device))}" if rep.meter in ("cuda", "npu") else ""))]
 
     dep = Table(title="Deployment (one rank)", title_justify="left", show_header=False, box=None, padding=(0, 2))
-    dep.add_column(style="bold")
-    dep.add_column()
+    dep.add_column(style="bold", no_wrap=True)
+    dep.add_column(overflow="fold")
     m = d.model
     dev = DEVICES.get(d.device)
     kv_layers = len(results[0].plan.layer_specs) if results else 0
@@ -293,7 +294,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         pages = sorted({g.page_size_bytes for g in plan.groups})
         pt.add_row(e(plan.name), e(", ".join(names)), str(plan.block_size), " / ".join(f"{p:,}" for p in pages),
                    f"{plan.num_blocks:,}", fmt_bytes(plan.planned_bytes))
-    out.append(pt)
+    out.append(fitted(pt, wrap=("strategies",)))
     if rep.capacity:
         out.append(capacity_table(rep.capacity, [(plan.name, names) for plan, names in plans]))
 
@@ -307,7 +308,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     gt.add_column("layers")
     for g in base.groups:
         gt.add_row(str(g.index), e(g.spec_type), e(_layers_text(g.layer_names, limit=8)))
-    out.append(gt)
+    out.append(fitted(gt, wrap=("layers",)))
     tt = Table(title="Planned tensors and the layers that share each one (size in each plan)", title_justify="left")
     tt.add_column("tensor", justify="right")
     tt.add_column("shared by")
@@ -316,7 +317,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     for i, t in enumerate(base.tensors):
         tt.add_row(str(i), e(_layers_text(t.shared_by)),
                    *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
-    out.append(tt)
+    out.append(fitted(tt, wrap=("shared by",)))
 
     for r in results:
         out.extend(_strategy_detail(r, detail))
@@ -345,7 +346,7 @@ def capacity_table(capacity: dict[str, Any], plans: list[tuple[str, Any]]) -> An
                                                     + (" [bold]SHORT[/]" if c.mamba_slots_short else ""))
         t.add_row(e(platform), f"{c.tokens:,}", f"{c.max_concurrency:.2f}× @ {c.max_model_len:,}",
                   f"{c.pool_tokens:,}", slots, str(c.kv_cache_memory_bytes))
-    return t
+    return fitted(t, wrap=("Mamba slots", "concurrency"))
 
 
 def _notes(results: list[AuditResult], d: Deployment, skipped: tuple[tuple[str, str], ...] = ()) -> list[Any]:
@@ -385,7 +386,7 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
         tt.add_row(str(t.tensor), str(t.storages), fmt_bytes(t.expected), fmt_bytes(t.allocated),
                    _ratio(t.allocated, t.expected), fmt_bytes(t.padding) if t.padding else "—",
                    e(_layers_text(t.shared_by)))
-    out: list[Any] = [gt, tt]
+    out: list[Any] = [fitted(gt), fitted(tt, wrap=("planned to be shared by",))]
     if detail == "layers":
         lt = Table()
         for col in ("layer", "group", "spec", "expected", "allocated", "ratio", "shares memory with",
@@ -399,7 +400,7 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
             lt.add_row(e(short_layer(row.layer)), str(row.group), e(row.spec), fmt_bytes(row.expected),
                        fmt_bytes(row.allocated), _ratio(row.allocated, row.expected), shares,
                        e(_ids(row.planned_shares_with)))
-        out.append(lt)
+        out.append(fitted(lt, wrap=("layer", "shares memory with", "planned to share with"), drop=("spec",)))
     return out
 
 
@@ -425,7 +426,7 @@ def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] 
             u = safe.get(r.strategy)
             cells.append("none" if u is None and r.strategy in safe else "—" if u is None else f"{u:.3f}")
         t.add_row(*cells, _verdict(r.verdict))
-    return t
+    return fitted(t, wrap=("release", "OOM (deployment)"), below=("release",))
 
 
 def _oom_note(r: AuditResult, d: Deployment) -> str:
