@@ -695,6 +695,21 @@ def _failure(e: BaseException) -> tuple[int, str]:
                       f"(exit {EXIT_BUG})")
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """Whether the command line asks for JSON (``--format json`` or ``--format=json``), read as given: the error
+    may be in the parsing itself."""
+    return any(a == "--format=json" or a == "--format" and argv[i + 1:i + 2] == ["json"] for i, a in enumerate(argv))
+
+
+def error_json(code: int, line: str) -> str:
+    """The JSON object of an ending that is no report: bad input, nothing measured, a bug, an interrupt."""
+    import json
+
+    message = line.removeprefix("kvaudit: ").removeprefix("error: ")
+    return json.dumps({"schema_version": 1, "kvaudit_version": __version__, "error": message, "exit_code": code,
+                       "exit_reason": EXIT_CODES[code]})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (``kvaudit.errors.EXIT_CODES``); every error is one line on
     stderr, with its traceback under ``--debug`` (anywhere on the command line) or ``KVAUDIT_DEBUG=1``."""
@@ -714,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
         print(line, file=sys.stderr)
+        if _wants_json(argv):  # a pipeline that parses stdout gets the ending too (kvaudit/error.schema.json)
+            sys.stdout.write(error_json(code, line) + "\n")
         return code
     finally:
         for stream in (sys.stdout, sys.stderr):

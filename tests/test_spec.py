@@ -152,7 +152,8 @@ def test_a_config_that_describes_no_model_is_refused_before_planning(tmp_path, c
     (cfg.get("text_config") or cfg)[field] = value
     code = main(["plan", "--config", _write(tmp_path, cfg), "--format", "json"])
     out, err = capsys.readouterr()
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert json.loads(out)["exit_code"] == 2 and message in json.loads(out)["error"]  # stdout: the error object
 
 
 @pytest.mark.parametrize("overrides, message", [
