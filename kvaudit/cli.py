@@ -256,7 +256,9 @@ def models_command(a: Any) -> int:
         if a.names and name not in a.names:
             continue
         spec = load_preset_spec(p)
-        d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9, device=p.device)
+        # the layer mix needs vLLM's model for the rank, not a KV budget (kimi-k2 has none at 0.9): a budget given
+        d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9, device=p.device,
+                            kv_cache_memory_bytes=1 << 30)
         rows.append((name, p.title, d.architecture, layer_mix(d), f"TP {p.tp}, {p.device}", p.config))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:

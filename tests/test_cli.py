@@ -340,3 +340,15 @@ def test_head_on_a_real_process_keeps_the_verdict():
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and first.startswith("kvaudit"), err
     assert "Traceback" not in err and "error" not in err, err
+
+
+def test_models_lists_a_preset_that_has_no_kv_budget_at_the_default_util(capsys, monkeypatch):
+    """The listing needs each preset's layer mix, not a KV budget: kimi-k2 has none at 0.9 (its 120.85 GiB of FP8
+    weights per H200 at TP 8), and `kvaudit models` with no names had stopped there with exit 2."""
+    import kvaudit.cli
+    from kvaudit.deployment import PRESETS
+
+    monkeypatch.setattr(kvaudit.cli, "PRESETS", {n: PRESETS[n] for n in ("kimi-k2", "llama-3.1-8b")})
+    code, out, err = _run(["models"], capsys)
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == ["kimi-k2", "llama-3.1-8b"] and "61 MLA" in out
