@@ -6,6 +6,7 @@ rich shrinks every column of a table wider than the console and cuts what no lon
 with its text columns narrowed and wrapped (``overflow="fold"``: a word longer than its column is broken, never cut)
 and every other column at its full width; else the same without the box; else with a text column moved under the
 table or a column another table shows left out; else, where even that does not fit, as one key-value block per row.
+Help screens get the same care (``keep_option_names_whole``).
 """
 
 from __future__ import annotations
