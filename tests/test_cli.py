@@ -290,16 +290,27 @@ def test_ctrl_c_in_a_real_process_says_interrupted_and_exits_130():
     assert "Exception ignored" not in rest, rest
 
 
-def test_an_interrupt_ends_the_process_without_the_teardown_of_what_it_left_half_built():
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_an_interrupt_ends_the_process_without_the_teardown_of_what_it_left_half_built(fmt):
     """Ctrl-C inside a library's import can leave a logging handler with no stream; logging's atexit
-    flush of it would print a traceback after "kvaudit: interrupted" (seen in CI at 2 s into an audit)."""
+    flush of it would print a traceback after "kvaudit: interrupted" (seen in CI at 2 s into an audit). With
+    ``--format json`` stdout holds the error object (kvaudit/error.schema.json)."""
     script = ("import logging, kvaudit.cli as cli\n"
               "h = logging.StreamHandler(); del h.stream\n"
               "def boom(argv, debug): raise KeyboardInterrupt\n"
               "cli._main = boom\n"
+              f"cli.sys.argv = ['kvaudit', 'qwen3-next', '--format', '{fmt}']\n"
               "cli.run()\n")
     p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stderr) == (130, "kvaudit: interrupted\n")
+    if fmt == "json":
+        import jsonschema
+
+        doc = json.loads(p.stdout)
+        jsonschema.validate(doc, json.loads((ROOT / "kvaudit" / "error.schema.json").read_text()))
+        assert doc["exit_code"] == 130
+    else:
+        assert p.stdout == ""
 
 
 def test_a_run_leaves_no_temp_files(tmp_path):
