@@ -256,13 +256,16 @@ def models_command(a: Any) -> int:
         if a.names and name not in a.names:
             continue
         spec = load_preset_spec(p)
-        # the layer mix needs vLLM's model for the rank, not a KV budget (kimi-k2 has none at 0.9): a budget given
-        d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9, device=p.device,
-                            kv_cache_memory_bytes=1 << 30)
-        rows.append((name, p.title, d.architecture, layer_mix(d), f"TP {p.tp}, {p.device}", p.config))
+        try:  # the layer mix needs vLLM's model for the rank, not a KV budget (kimi-k2 has none at 0.9): one given
+            d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9,
+                                device=p.device, kv_cache_memory_bytes=1 << 30)
+            architecture, mix, why = d.architecture, layer_mix(d), ""
+        except KvauditError as e:  # a model this vLLM cannot build here: its row says why, the others still list
+            architecture, mix, why = spec.architecture or "?", "—", f"  (not built here: {e.message})"
+        rows.append((name, p.title, architecture, mix, f"TP {p.tp}, {p.device}", p.config, why))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}")
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}{r[6]}")
     return 0
 
 

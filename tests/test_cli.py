@@ -362,4 +362,8 @@ def test_models_lists_a_preset_that_has_no_kv_budget_at_the_default_util(capsys,
     monkeypatch.setattr(kvaudit.cli, "PRESETS", {n: PRESETS[n] for n in ("kimi-k2", "llama-3.1-8b")})
     code, out, err = _run(["models"], capsys)
     assert code == 0, err
-    assert [line.split()[0] for line in out.splitlines()] == ["kimi-k2", "llama-3.1-8b"] and "61 MLA" in out
+    kimi, llama = out.splitlines()
+    assert kimi.split()[0] == "kimi-k2" and llama.split()[:2] == ["llama-3.1-8b", "Llama-3.1-8B"]
+    assert "32 full attention" in llama
+    # vLLM 0.23's CPU install has no MLA prefill backend: the row says so, the listing goes on
+    assert "61 MLA" in kimi or "(not built here: vLLM could not build DeepseekV3ForCausalLM" in kimi, kimi
