@@ -22,8 +22,8 @@ import typer
 
 from kvaudit import __version__
 from kvaudit.deployment import PRESETS
-from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, KvauditError,
-                            MissingDependency, UsageError, missing_dependency)
+from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, ConfigError,
+                            KvauditError, MissingDependency, UsageError, missing_dependency)
 from kvaudit.options import AUDIT, DEPLOYMENT_OPTIONS, MODEL, OUTPUT, Opt
 from kvaudit.results import DEFAULT_TOLERANCE
 
@@ -260,7 +260,7 @@ def models_command(a: Any) -> int:
             d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9,
                                 device=p.device, kv_cache_memory_bytes=1 << 30)
             architecture, mix, why = d.architecture, layer_mix(d), ""
-        except KvauditError as e:  # a model this vLLM cannot build here: its row says why, the others still list
+        except ConfigError as e:  # a model this vLLM cannot build here: its row says why, the others still list
             architecture, mix, why = spec.architecture or "?", "—", f"  (not built here: {e.message})"
         rows.append((name, p.title, architecture, mix, f"TP {p.tp}, {p.device}", p.config, why))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
