@@ -78,4 +78,3 @@ def since_before(fails: str) -> list[Change]:
     """The changes of the failing release itself (what "worked in the previous versions" points to)."""
     key = version_key(fails)
     return [c for c in CHANGES if version_key(c.release)[:2] == key[:2] and version_key(c.release) <= key]
-

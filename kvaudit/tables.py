@@ -95,14 +95,11 @@ class Fitted:
         fit."""
         cols = t.columns
         text = [i for i, c in enumerate(cols) if str(c.header) in self.wrap]
-        widths = [max(_width(console, c._cells, lambda m: m.maximum), _width(console, [c.header], lambda m: m.minimum))
-                  for c in cols]
-        natural = [max(widths[i], _width(console, [c.header], lambda m: m.maximum)) if i in text else widths[i]
-                   for i, c in enumerate(cols)]
-        floors = {i: min(natural[i], _width(console, [cols[i].header, *cols[i]._cells], lambda m: m.minimum)
-                         if whole_words else max(_FLOOR, _longest_figure(cols[i]._cells),
-                                                 _width(console, [cols[i].header], lambda m: m.minimum)))
-                  for i in text}
+        sizes = [_Sizes.of(console, c) for c in cols]
+        widths = [max(z.cells_max, z.header_min) for z in sizes]
+        natural = [max(widths[i], sizes[i].header_max) if i in text else widths[i] for i in range(len(cols))]
+        floors = {i: min(natural[i], max(sizes[i].cells_min, sizes[i].header_min) if whole_words
+                         else max(_FLOOR, _longest_figure(cols[i]._cells), sizes[i].header_min)) for i in text}
         room = width - _extra_width(t) - sum(w for i, w in enumerate(widths) if i not in text)
         if room < sum(floors.values()):
             return None
@@ -141,6 +138,22 @@ class Fitted:
             parts.append(t.caption if not isinstance(t.caption, str) else Text.from_markup(t.caption,
                                                                                            style="table.caption"))
         return Group(*parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """A column's widths as rich measures them: its cells' and its header's, widest (maximum) and longest word
+    (minimum)."""
+
+    cells_max: int
+    cells_min: int
+    header_max: int
+    header_min: int
+
+    @classmethod
+    def of(cls, console: Any, c: Any) -> "_Sizes":
+        return cls(_width(console, c._cells, lambda m: m.maximum), _width(console, c._cells, lambda m: m.minimum),
+                   _width(console, [c.header], lambda m: m.maximum), _width(console, [c.header], lambda m: m.minimum))
 
 
 def _width(console: Any, renderables: list[Any], pick: Any) -> int:

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from kvaudit.changes import CHANGES, between, since_before
 from kvaudit.commands import OWN_READER
 from kvaudit.deployment import DEVICES, PRESETS, Deployment, load_model, load_preset_spec, preset_for_model
 from kvaudit.errors import ConfigError, MissingDependency, UsageError
@@ -517,8 +518,6 @@ def release_pair(ev: Evidence) -> tuple[str | None, str] | None:
 
 def _changes(ev: Evidence) -> list[Any]:
     """The changes of memory use between the release the report says worked and the one that fails."""
-    from kvaudit.changes import between, since_before
-
     pair = release_pair(ev)
     if pair is None:
         return []
@@ -923,8 +922,6 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     capacity = ev.first("kv_capacity_error")
     changes = _changes(ev)
     pair = release_pair(ev)
-    from kvaudit.changes import CHANGES
-
     named = [(c, f) for f in ev.all("change_named") for c in CHANGES if c.release == f.value and c.named_by]
     running = ev.first("served", "captured", "memory_growth", "serving_oom") is not None or phase in (
         "CUDA/ACL graph capture", "serving requests")
