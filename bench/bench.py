@@ -36,7 +36,7 @@ def cold(reps: int) -> None:
         # the bare planner import, where torchvision imports (kvaudit's lean env carries its CUDA wheel, which
         # transformers imports), ended as kvaudit ends: without the seconds of interpreter teardown
         "bare import vllm.v1.core.kv_cache_planning": [PY, "-c", (
-            "import os, kvaudit.vllm_model as m; m.declare_torchvision_ops(); "
+            "import os, kvaudit.model.vllm_model as m; m.declare_torchvision_ops(); "
             "import vllm.v1.core.kv_cache_planning; os._exit(0)")],
         "kvaudit qwen3-next --util 0.7 --meter meta --format json": KVAUDIT + [
             "qwen3-next", "--util", "0.7", "--meter", "meta", "--format", "json"],
@@ -76,12 +76,12 @@ def light(reps: int) -> None:
 
 def in_process(reps: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from kvaudit.audit import audit_all
-    from kvaudit.deployment import PRESETS, load_preset_spec
-    from kvaudit.plan import make_deployment
-    from kvaudit.meters import MetaMeter
-    from kvaudit.plan import load_vllm
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.audit import audit_all
+    from kvaudit.measure.meters import MetaMeter
+    from kvaudit.model.deployment import PRESETS, load_preset_spec
+    from kvaudit.plan.planner import load_vllm
+    from kvaudit.plan.planner import make_deployment
+    from kvaudit.strategies.builtin import STRATEGIES
 
     p = PRESETS["qwen3-next"]
     d = make_deployment(load_preset_spec(p), tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7)
@@ -97,8 +97,8 @@ def in_process(reps: int) -> None:
 
 
 def _qwen(**kw):
-    from kvaudit.deployment import PRESETS, load_preset_spec
-    from kvaudit.plan import make_deployment
+    from kvaudit.model.deployment import PRESETS, load_preset_spec
+    from kvaudit.plan.planner import make_deployment
 
     p = PRESETS["qwen3-next"]
     return make_deployment(load_preset_spec(p), tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.7,
@@ -107,10 +107,10 @@ def _qwen(**kw):
 
 def cpu_per_gib() -> None:
     """Real host allocations on the cpu meter: seconds per GiB allocated (zero-filled by torch.zeros)."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import CpuMeter
-    from kvaudit.plan import build_plan
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import CpuMeter
+    from kvaudit.plan.planner import build_plan
+    from kvaudit.strategies.builtin import STRATEGIES
 
     d = _qwen(num_blocks_override=321)  # about 1 GiB per plan
     print("cpu meter, Qwen3-Next plans scaled to 321 blocks:")
@@ -127,22 +127,22 @@ def device_full_scale(plan_file: str | None = None) -> list[dict]:
     """On a GPU/NPU: full-scale audit time per strategy next to the floor, the bytes it zeroes over
     the device's measured fill bandwidth. Plans come from vLLM, or from ``plan_file`` (``kvaudit plan
     --save``) where vLLM is not installed. Returns the rows it printed."""
-    from kvaudit.audit import run_audit
     from kvaudit.errors import NotAuditable
-    from kvaudit.meters import select_meter
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import select_meter
+    from kvaudit.strategies.builtin import STRATEGIES
 
     meter = select_meter("auto")
     if meter.name not in ("cuda", "npu"):
         print("device: skipped (no cuda or npu device here)")
         return []
     if plan_file:
-        from kvaudit.planfile import load
+        from kvaudit.plan.planfile import load
 
         stage = load(plan_file).stages[0]
         d, plans = stage.deployment, stage.plans
     else:
-        from kvaudit.plan import build_plan
+        from kvaudit.plan.planner import build_plan
 
         d = _qwen()
         plans = {s.platform: build_plan(d, s.platform) for s in STRATEGIES.values()}

@@ -44,10 +44,10 @@ def main() -> None:
     help_times(a.help_reps)
 
     t0 = time.perf_counter()
-    from kvaudit.check import run_policy
-    from kvaudit.plan import load_vllm, vllm_version
-    from kvaudit.policy import load_policy
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.ci.check import run_policy
+    from kvaudit.ci.policy import load_policy
+    from kvaudit.plan.planner import load_vllm, vllm_version
+    from kvaudit.strategies.builtin import STRATEGIES
 
     load_vllm()
     imported = time.perf_counter() - t0

@@ -13,10 +13,10 @@ import argparse
 import time
 
 t0 = time.perf_counter()
-from kvaudit.deployment import PRESETS, load_preset_spec  # noqa: E402
-from kvaudit.history import history, published  # noqa: E402
-from kvaudit.plan import load_vllm, make_deployment  # noqa: E402
-from kvaudit.releases import fetch_sdist  # noqa: E402
+from kvaudit.ci.history import history, published  # noqa: E402
+from kvaudit.model.deployment import PRESETS, load_preset_spec  # noqa: E402
+from kvaudit.plan.planner import load_vllm, make_deployment  # noqa: E402
+from kvaudit.strategies.releases import fetch_sdist  # noqa: E402
 
 load_vllm()
 IMPORT_S = time.perf_counter() - t0

@@ -30,12 +30,13 @@ def scores() -> dict[str, collections.Counter]:
     from mutmut.stats import status_by_exit_code
 
     out: dict[str, collections.Counter] = {}
-    for meta in sorted((ROOT / "mutants" / "kvaudit").glob("*.py.meta")):
+    package = ROOT / "mutants" / "kvaudit"
+    for meta in sorted(package.rglob("*.py.meta")):  # one per module, in its stage's folder
         c: collections.Counter = collections.Counter()
         for code in json.loads(meta.read_text())["exit_code_by_key"].values():
             c["mutants"] += 1
             c[status_by_exit_code[code]] += 1
-        out[meta.name.removesuffix(".meta")] = c
+        out[meta.relative_to(package).as_posix().removesuffix(".meta")] = c
     return out
 
 

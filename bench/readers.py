@@ -21,7 +21,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvaudit.evidence import clean_lines, extract  # noqa: E402
+from kvaudit.triage.evidence import clean_lines, extract  # noqa: E402
 
 TMP = Path(tempfile.mkdtemp(prefix="kvaudit-bench-readers-"))
 
@@ -72,14 +72,14 @@ def compare_layers(n: int) -> tuple[Path, Path]:
 
 
 def _compare(paths: tuple[Path, Path]) -> None:
-    from kvaudit import compare as C
+    from kvaudit.report import compare as C
 
     C.to_json(C.compare(C.load_report(paths[0]), C.load_report(paths[1])))
 
 
 def plan_file_layers(n: int) -> Path:
     """A plan file whose groups and tensors hold ``n`` layers (generated from the shape kvaudit writes)."""
-    from kvaudit.deployment import PRESETS, load_preset_spec
+    from kvaudit.model.deployment import PRESETS, load_preset_spec
 
     spec = load_preset_spec(PRESETS["llama-3.1-8b"])
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(n)]
@@ -108,7 +108,7 @@ def plan_file_layers(n: int) -> Path:
 
 
 def _plan(path: Path) -> None:
-    from kvaudit import planfile
+    from kvaudit.plan import planfile
 
     planfile.load(path)
 
@@ -122,7 +122,7 @@ def policy_entries(n: int) -> Path:
 
 
 def _policy(path: Path) -> None:
-    from kvaudit.policy import load_policy
+    from kvaudit.ci.policy import load_policy
 
     load_policy(path, ("vllm",))
 

@@ -16,9 +16,9 @@ prints the error of
 - **other**: the non-KV memory beside the weights, kvaudit's terms against what the log implies
   (util × device memory − logged weights − logged budget), which is what the non-KV model is fitted to.
 
-The figures are read from the logs by ``kvaudit.evidence`` (the triage reader), never typed in. Each metric's
+The figures are read from the logs by ``kvaudit.triage.evidence`` (the triage reader), never typed in. Each metric's
 median and worst absolute error follow. Every case runs through one model with one set of constants
-(``kvaudit.memory``); nothing is set per case.
+(``kvaudit.model.memory``); nothing is set per case.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def held_out() -> set[str]:
 
 
 def logged(key: str) -> dict:
-    """The figures the start's log prints, as ``kvaudit.evidence`` reads them."""
-    from kvaudit.evidence import clean_lines, extract
+    """The figures the start's log prints, as ``kvaudit.triage.evidence`` reads them."""
+    from kvaudit.triage.evidence import clean_lines, extract
 
     ev = extract(clean_lines((LOGS / f"{key}.log").read_text(errors="replace")))
     return {k: ev.value(k) for k in ("weights", "available_kv", "kv_cache_tokens", "max_concurrency", "gpu_blocks",
@@ -75,8 +75,8 @@ def device_kind(inp: dict, case: dict) -> str:
 
 def deployment(inp: dict, case: dict, kv_cache_memory: int | None = None):
     """The start's deployment as kvaudit builds it from the inputs (its flags under vLLM's names)."""
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
     from kvaudit.units import parse_size
 
     config = ROOT / "fixtures" / inp["config"] if "/" in inp["config"] else ROOT / "fixtures" / "configs" / inp["config"]
@@ -97,17 +97,17 @@ def rule_for(inp: dict, case: dict) -> str:
     """The platform rule of the start: CUDA's, or the block-size rule of its vllm-ascend release."""
     if inp["platform"] == "cuda":
         return "cuda"
-    from kvaudit.releases import platform_for
+    from kvaudit.strategies.releases import platform_for
 
     return platform_for(case.get("vllm_ascend_version") or inp.get("vllm_ascend_version") or inp["vllm_version"])
 
 
 def measure(key: str, entry: dict) -> dict:
     """One start's errors (``None`` where the log or the inputs do not allow a figure)."""
-    from kvaudit import startup
-    from kvaudit.capacity import capacity
     from kvaudit.errors import KvauditError
-    from kvaudit.plan import build_plan
+    from kvaudit.plan.capacity import capacity
+    from kvaudit.plan.planner import build_plan
+    from kvaudit.report import startup
 
     inp, case = entry["inputs"], entry["case"]
     judge = set(inp.get("judge", METRICS))

@@ -13,12 +13,12 @@ import argparse
 import time
 
 t0 = time.perf_counter()
-from kvaudit.audit import audit_all  # noqa: E402
-from kvaudit.deployment import PRESETS, load_preset_spec  # noqa: E402
 from kvaudit.errors import KvauditError  # noqa: E402
-from kvaudit.meters import make_meter  # noqa: E402
-from kvaudit.plan import load_vllm, make_deployment  # noqa: E402
-from kvaudit.strategies import STRATEGIES  # noqa: E402
+from kvaudit.measure.audit import audit_all  # noqa: E402
+from kvaudit.measure.meters import make_meter  # noqa: E402
+from kvaudit.model.deployment import PRESETS, load_preset_spec  # noqa: E402
+from kvaudit.plan.planner import load_vllm, make_deployment  # noqa: E402
+from kvaudit.strategies.builtin import STRATEGIES  # noqa: E402
 
 load_vllm()
 IMPORT_S = time.perf_counter() - t0

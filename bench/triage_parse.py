@@ -1,4 +1,4 @@
-"""Triage reading benchmark: how long ``kvaudit.evidence`` takes to read a 1 MB paste (the shipped reports, real
+"""Triage reading benchmark: how long ``kvaudit.triage.evidence`` takes to read a 1 MB paste (the shipped reports, real
 threads and startup logs, repeated to size; not the held-out-5 and -6 threads, collected after the paste was fixed), once the imports are done:
 the launches in it are read by the installed vLLM's own argument parser, built once per process before the timing.
 
@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvaudit.commands import parser_name
-from kvaudit.evidence import clean_lines, extract
+from kvaudit.triage.commands import parser_name
+from kvaudit.triage.evidence import clean_lines, extract
 
 ROOT = Path(__file__).resolve().parent.parent
 

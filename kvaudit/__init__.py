@@ -10,16 +10,16 @@ __all__ = ["__version__", "load_model_spec", "make_deployment", "build_plan", "r
 def __getattr__(name: str):
     # Lazy re-exports: importing kvaudit must not import torch or vLLM.
     if name == "load_model_spec":
-        from kvaudit.spec import load_model_spec
+        from kvaudit.model.spec import load_model_spec
         return load_model_spec
     if name == "make_deployment":
-        from kvaudit.plan import make_deployment
+        from kvaudit.plan.planner import make_deployment
         return make_deployment
     if name == "build_plan":
-        from kvaudit.plan import build_plan
+        from kvaudit.plan.planner import build_plan
         return build_plan
     if name == "run_audit":
-        from kvaudit.audit import run_audit
+        from kvaudit.measure.audit import run_audit
         return run_audit
     if name == "AuditResult":
         from kvaudit.results import AuditResult

@@ -29,7 +29,7 @@ def tolerance_bytes(expected: int, tolerance: float, allowance: int | float = 0)
 
 def exceeds_plan(allocated: int, expected: int, tolerance_bytes: int) -> bool:
     """Over-allocation, as every verdict (audit, triage, check) judges it: more than the tolerance above
-    the plan (``tolerance_bytes`` is set by ``kvaudit.audit``: relative tolerance + alignment allowance)."""
+    the plan (``tolerance_bytes`` is set by ``kvaudit.measure.audit``: relative tolerance + alignment allowance)."""
     return allocated - expected > tolerance_bytes
 
 
@@ -85,13 +85,13 @@ class KVPlan:
     """The vLLM ``KVCacheConfig`` object itself."""
     vllm_config: Any = field(default=None, repr=False, compare=False)
     """The vLLM config it was planned with (the layout lives in its cache config); ``None`` for a plan
-    read from a file (``kvaudit.planfile``)."""
+    read from a file (``kvaudit.plan.planfile``)."""
     saved_vllm: Any = field(default=None, repr=False, compare=False)
     """For a plan read from a file: vLLM's ``KVCacheConfig`` and KV-cache layout as data, rebuilt into
     vLLM's own objects only where a strategy needs them and vLLM can be imported."""
     kv_budget_by: str = ""
     """Who handed vLLM's planner ``kv_budget_bytes`` instead of the deployment's KV budget: a release's
-    worker that shrinks it first (``kvaudit.releases.kv_budget_rule``). Empty: the deployment's budget."""
+    worker that shrinks it first (``kvaudit.strategies.releases.kv_budget_rule``). Empty: the deployment's budget."""
 
     @property
     def name(self) -> str:
@@ -393,7 +393,7 @@ class Report:
     """Everything one kvaudit run reports: the deployment, each strategy's audit, and what measured."""
 
     deployment: Any = field(repr=False)
-    """The ``kvaudit.deployment.Deployment`` audited."""
+    """The ``kvaudit.model.deployment.Deployment`` audited."""
     audits: tuple[AuditResult, ...]
     meter: str
     meter_device: str
@@ -402,7 +402,7 @@ class Report:
     skipped: tuple[tuple[str, str], ...] = ()
     """(strategy, reason) for each strategy that cannot allocate this plan at all."""
     capacity: dict = field(default_factory=dict)
-    """Platform rule -> ``kvaudit.capacity.Capacity`` of that rule's plan."""
+    """Platform rule -> ``kvaudit.plan.capacity.Capacity`` of that rule's plan."""
     safe_utilization: dict = field(default_factory=dict)
     """Strategy -> the highest ``gpu_memory_utilization`` at which its allocation fits the device."""
 
@@ -420,7 +420,7 @@ class PlanStage:
     and per strategy the highest safe utilization."""
 
     deployment: Any = field(repr=False)
-    """The ``kvaudit.deployment.Deployment`` planned."""
+    """The ``kvaudit.model.deployment.Deployment`` planned."""
     plans: dict[str, KVPlan]
     capacity: dict[str, Any]
     strategies: dict[str, str]

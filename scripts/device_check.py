@@ -41,7 +41,7 @@ def _kvaudit(args: list[str], plans: Path) -> subprocess.CompletedProcess:
 
 
 def _device() -> tuple[str | None, str]:
-    from kvaudit.meters import make_meter
+    from kvaudit.measure.meters import make_meter
 
     reasons = []
     for name in ("npu", "cuda"):
@@ -114,11 +114,11 @@ def check_smoke(plans: Path, device: str) -> dict:
 
 
 def check_oom_on_purpose(plans: Path, device: str) -> dict:
-    from kvaudit.audit import audit_all
     from kvaudit.errors import NotAuditable
-    from kvaudit.meters import make_meter
-    from kvaudit.planfile import load
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.audit import audit_all
+    from kvaudit.measure.meters import make_meter
+    from kvaudit.plan.planfile import load
+    from kvaudit.strategies.builtin import STRATEGIES
 
     stage = load(plans / "qwen3-next.plan.json").stages[0]
     meter = make_meter(device)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build kvaudit/log_formats.json from vLLM's and vllm-ascend's own log and error format strings (run by hand).
+"""Build kvaudit/triage/log_formats.json from vLLM's and vllm-ascend's own log and error format strings (run by hand).
 
     .venv/bin/python scripts/log_catalogue.py
 
@@ -37,10 +37,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvaudit.releases import _sha256, cache_dir  # the sdist cache and its checksum, as kvaudit fetches releases
+from kvaudit.strategies.releases import _sha256, cache_dir  # the sdist cache and its checksum, as kvaudit fetches releases
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "kvaudit" / "log_formats.json"
+OUT = ROOT / "kvaudit" / "triage" / "log_formats.json"
 
 VLLM_RELEASES = ["0.2.7", "0.3.3", "0.4.3", "0.5.5", "0.6.3", "0.6.4", "0.6.5", "0.6.6", "0.7.3", "0.8.1", "0.8.5",
                  "0.9.2", "0.10.2", "0.11.0", "0.13.0", "0.18.0", "0.23.0", "0.24.0", "0.28.0", "0.33.0"]
@@ -112,7 +112,7 @@ def fetch_vllm(version: str) -> tuple[Path | None, str]:
 
 def vllm_ascend_sdists() -> list[tuple[str, Path]]:
     """(release, sdist) of each vllm-ascend release in the cache (``sdists/vllm-ascend-X/vllm_ascend-X.tar.gz``, as
-    ``kvaudit.releases.fetch_sdist`` keeps them)."""
+    ``kvaudit.strategies.releases.fetch_sdist`` keeps them)."""
     out = []
     for folder in sorted(sdists().glob("vllm-ascend-*")):
         for tar in sorted(folder.glob("*.tar.gz")):

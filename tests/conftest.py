@@ -12,8 +12,8 @@ import pytest
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the suite never reaches the Hub: Hub models come from test caches
 
-from kvaudit.deployment import PRESETS, load_preset_spec  # noqa: E402
-from kvaudit.plan import make_deployment  # noqa: E402
+from kvaudit.model.deployment import PRESETS, load_preset_spec  # noqa: E402
+from kvaudit.plan.planner import make_deployment  # noqa: E402
 from kvaudit.results import MemoryReading  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def pytest_addoption(parser):
 
 def pytest_runtest_setup(item):
     """Tests marked ``cuda`` or ``npu`` skip themselves where that meter's probe refuses."""
-    from kvaudit.meters import make_meter
+    from kvaudit.measure.meters import make_meter
 
     for name in ("cuda", "npu"):
         if item.get_closest_marker(name):
@@ -75,7 +75,7 @@ _PLANS: dict = {}
 
 def plan_for(d, platform: str):
     """vLLM's plan for a deployment, cached for the session (planning is deterministic)."""
-    from kvaudit.plan import build_plan
+    from kvaudit.plan.planner import build_plan
 
     key = (d.model.name, d.tp, d.pp, d.pp_rank, d.max_model_len, d.kv_budget_bytes, d.num_blocks_override,
            d.max_num_seqs, d.max_num_batched_tokens, d.device, d.vllm_version, d.enable_prefix_caching,

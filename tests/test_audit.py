@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.audit import audit_all, run_audit
 from kvaudit.errors import StrategyFailed
-from kvaudit.meters import MetaMeter
+from kvaudit.measure.audit import audit_all, run_audit
+from kvaudit.measure.meters import MetaMeter
 from kvaudit.results import Report, Verdict
-from kvaudit.strategies import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
+from kvaudit.strategies.builtin import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
 from conftest import FakeMeter, deployment, plan_for
 
 UPSTREAM = STRATEGIES["vllm"]
@@ -107,7 +107,7 @@ def test_rows_add_up_to_the_totals():
 def test_meta_audit_uses_no_memory():
     """A meta audit that accounts for over 10 GiB allocates, as the cpu meter measures the host, almost
     nothing (the bookkeeping of a few hundred tensor objects)."""
-    from kvaudit.meters import CpuMeter
+    from kvaudit.measure.meters import CpuMeter
 
     d = deployment()
     plan = plan_for(d, "ascend-align128")
@@ -140,7 +140,7 @@ def test_with_kv_transfer_the_rows_still_add_up_to_what_was_allocated():
 def test_the_json_exit_code_of_a_passing_run_is_0():
     d = deployment()
     passing = run_audit(d, plan_for(d, "cuda"), UPSTREAM, MetaMeter())
-    from kvaudit import report as json_report
+    from kvaudit.report import render as json_report
 
     report = Report(d, (passing,), "meta", "meta", "x")
     assert report.exit_code == 0 and json_report.to_dict(report)["exit_code"] == 0

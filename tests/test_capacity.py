@@ -8,12 +8,13 @@ import json
 import math
 import re
 
-from kvaudit.audit import dry_run
-from kvaudit.capacity import capacity, highest_safe_utilization
 from kvaudit.cli import main
-from kvaudit.plan import build_plan, load_vllm
-from kvaudit.memory import TITLES
-from kvaudit.strategies import STRATEGIES
+from kvaudit.measure.audit import dry_run
+from kvaudit.measure.utilization import highest_safe_utilization
+from kvaudit.model.memory import TITLES
+from kvaudit.plan.capacity import capacity
+from kvaudit.plan.planner import build_plan, load_vllm
+from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.units import fmt_bytes
 from conftest import VLLM_VERSION, deployment
 

@@ -94,7 +94,7 @@ def test_every_policy_error_is_one_line_with_its_line_and_exit_2(text, line, mes
 
 
 def test_a_policy_expands_into_its_cells(tmp_path):
-    from kvaudit.policy import load_policy
+    from kvaudit.ci.policy import load_policy
 
     (tmp_path / "models/llama").mkdir(parents=True)
     (tmp_path / "models/llama/config.json").write_text("{}")
@@ -323,8 +323,8 @@ def test_a_config_path_is_resolved_against_the_policys_folder(tmp_path, capsys):
 @pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM,
                     reason=f"the example policy's expectations are measured with vLLM {PRIMARY_VLLM}")
 def test_the_example_policy_covers_every_preset_against_the_built_ins_and_passes(tmp_path, capsys):
-    from kvaudit.deployment import PRESETS
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.model.deployment import PRESETS
+    from kvaudit.strategies.builtin import STRATEGIES
 
     code, doc, err = _check_json([str(EXAMPLE), "--junit", str(tmp_path / "j.xml")], capsys)
     assert code == 0, err
@@ -339,7 +339,7 @@ def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypa
     import io
     import sys
 
-    from kvaudit import check
+    from kvaudit.ci import check
 
     plain = check.progress_to_stderr()
     plain(0, 2, "a (4 strategies)")
@@ -399,7 +399,7 @@ def test_hf_overrides_as_a_toml_table(tmp_path, capsys):
 
 
 def test_a_cell_that_cannot_be_measured_is_not_audited_not_an_error(tmp_path, capsys, monkeypatch):
-    from kvaudit import meters
+    from kvaudit.measure import meters
 
     monkeypatch.setattr(meters, "host_available_bytes", lambda: 2 << 30)  # the host cannot hold the plan
     policy = _policy(tmp_path, """

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kvaudit import meters
 from kvaudit.cli import main
+from kvaudit.measure import meters
 from conftest import ROOT
 
 QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct"
@@ -174,12 +174,12 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_audit(tmp_p
 
 def _raising(monkeypatch, exc):
     """Make the audit command's first step raise ``exc``."""
-    import kvaudit.cli
+    import kvaudit.cli.deployments
 
     def boom(a):
         raise exc
 
-    monkeypatch.setattr(kvaudit.cli, "_model", boom)
+    monkeypatch.setattr(kvaudit.cli.deployments, "model", boom)
 
 
 def test_an_unexpected_exception_is_exit_4_in_one_line_never_a_finding(capsys, monkeypatch):
@@ -295,7 +295,7 @@ def test_an_interrupt_ends_the_process_without_the_teardown_of_what_it_left_half
     """Ctrl-C inside a library's import can leave a logging handler with no stream; logging's atexit
     flush of it would print a traceback after "kvaudit: interrupted" (seen in CI at 2 s into an audit). With
     ``--format json`` stdout holds the error object (kvaudit/error.schema.json)."""
-    script = ("import logging, kvaudit.cli as cli\n"
+    script = ("import logging, kvaudit.cli.app as cli\n"
               "h = logging.StreamHandler(); del h.stream\n"
               "def boom(argv, debug): raise KeyboardInterrupt\n"
               "cli._main = boom\n"
@@ -335,9 +335,9 @@ def test_a_device_or_pipe_is_refused_before_a_byte_is_read(capsys, argv):
 def test_an_output_the_file_system_refuses_is_found_before_the_audit(capsys, monkeypatch, flag):
     """A folder that exists but takes no file (a read-only file system; /proc, even for root): the audit's
     verdict must not be lost to a write error found after it."""
-    import kvaudit.cli
+    import kvaudit.cli.deployments
 
-    monkeypatch.setattr(kvaudit.cli, "_model", lambda a: pytest.fail("audited before checking the output"))
+    monkeypatch.setattr(kvaudit.cli.deployments, "model", lambda a: pytest.fail("audited before checking the output"))
     code, out, err = _run(["llama-3.1-8b", "--meter", "meta", flag, "/proc/kvaudit-report.html"], capsys)
     assert code == 2 and err.startswith("kvaudit: error: cannot write /proc/kvaudit-report.html:"), err
 
@@ -356,10 +356,10 @@ def test_head_on_a_real_process_keeps_the_verdict():
 def test_models_lists_a_preset_that_has_no_kv_budget_at_the_default_util(capsys, monkeypatch):
     """The listing needs each preset's layer mix, not a KV budget: kimi-k2 has none at 0.9 (its 120.85 GiB of FP8
     weights per H200 at TP 8), and `kvaudit models` with no names had stopped there with exit 2."""
-    import kvaudit.cli
-    from kvaudit.deployment import PRESETS
+    import kvaudit.cli.models
+    from kvaudit.model.deployment import PRESETS
 
-    monkeypatch.setattr(kvaudit.cli, "PRESETS", {n: PRESETS[n] for n in ("kimi-k2", "llama-3.1-8b")})
+    monkeypatch.setattr(kvaudit.cli.models, "PRESETS", {n: PRESETS[n] for n in ("kimi-k2", "llama-3.1-8b")})
     code, out, err = _run(["models"], capsys)
     assert code == 0, err
     kimi, llama = out.splitlines()

@@ -1,15 +1,15 @@
-"""Launches read as vLLM reads them (kvaudit/commands.py), and what the reader makes of the failures, releases and
-figures users write (kvaudit/failures.py, kvaudit/changes.py, the release claims of kvaudit/evidence.py)."""
+"""Launches read as vLLM reads them (kvaudit/triage/commands.py), and what the reader makes of the failures, releases and
+figures users write (kvaudit/triage/failures.py, kvaudit/triage/changes.py, the release claims of kvaudit/triage/evidence.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from conftest import ROOT
-from kvaudit import commands
-from kvaudit.changes import between, since_before
-from kvaudit.evidence import clean_lines, extract
-from kvaudit.failures import COLLECTIVE, DRIVER, HOST, UNSUPPORTED, failures
+from kvaudit.triage import commands
+from kvaudit.triage.changes import between, since_before
+from kvaudit.triage.evidence import clean_lines, extract
+from kvaudit.triage.failures import COLLECTIVE, DRIVER, HOST, UNSUPPORTED, failures
 
 needs_parser = pytest.mark.skipif(commands.parser_name() is None, reason="vLLM's parser is not installed")
 

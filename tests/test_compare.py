@@ -1,4 +1,4 @@
-"""kvaudit.compare: two saved reports (fixtures/reports/compare/, made by the real CLI) diffed per stage, strategy,
+"""kvaudit.report.compare: two saved reports (fixtures/reports/compare/, made by the real CLI) diffed per stage, strategy,
 KV-cache group and layer; regressions, improvements, the tolerance boundary, added and removed strategies,
 multi-stage reports, and every kind of bad input."""
 
@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 from conftest import ROOT
 
-from kvaudit import compare as C
 from kvaudit.errors import UsageError
+from kvaudit.report import compare as C
 from kvaudit.results import DEFAULT_TOLERANCE
 
 REPORTS = ROOT / "fixtures" / "reports" / "compare"
@@ -527,7 +527,7 @@ def test_json_has_a_schema_version_and_follows_its_schema():
 
 
 def test_it_imports_neither_torch_nor_vllm():
-    code = (f"import sys, json; from kvaudit import compare as C; "
+    code = (f"import sys, json; from kvaudit.report import compare as C; "
             f"c = C.compare(C.load_report({str(BASE)!r}), C.load_report({str(KV_TRANSFER)!r})); "
             "C.to_json(c); C.summary_line(c); C.render(c, 'layers'); "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm'))))")
@@ -537,5 +537,5 @@ def test_it_imports_neither_torch_nor_vllm():
 
 
 def test_the_module_says_what_it_is_in_one_line():
-    doc = ast.get_docstring(ast.parse((ROOT / "kvaudit" / "compare.py").read_text()))
+    doc = ast.get_docstring(ast.parse((ROOT / "kvaudit" / "report" / "compare.py").read_text()))
     assert doc and "\n" not in doc.strip()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvaudit.deployment import DEVICES, get_preset, load_preset_spec
-from kvaudit.plan import make_deployment
 from kvaudit.errors import ConfigError, UsageError
+from kvaudit.model.deployment import DEVICES, get_preset, load_preset_spec
+from kvaudit.plan.planner import make_deployment
 from kvaudit.units import GiB, fmt_bytes, parse_size
 
 

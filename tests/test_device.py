@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VLLM_VERSION
-from kvaudit.audit import audit_all, run_audit
 from kvaudit.errors import NotAuditable
-from kvaudit.meters import MetaMeter, make_meter
+from kvaudit.measure.audit import audit_all, run_audit
+from kvaudit.measure.meters import MetaMeter, make_meter
 from kvaudit.results import Verdict
-from kvaudit.strategies import STRATEGIES, Strategy, allocate_per_planned_tensor
+from kvaudit.strategies.builtin import STRATEGIES, Strategy, allocate_per_planned_tensor
 
 DEVICES = [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("npu", marks=pytest.mark.npu)]
 
@@ -30,7 +30,7 @@ def qwen3_next_plans():
 
         d = deployment()
         return d, {s.platform: plan_for(d, s.platform) for s in STRATEGIES.values()}
-    from kvaudit import planfile
+    from kvaudit.plan import planfile
 
     path = Path(os.environ.get("KVAUDIT_DEVICE_PLANS", ROOT / "build/device-check")) / "qwen3-next.plan.json"
     if not path.is_file():

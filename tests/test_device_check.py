@@ -12,9 +12,9 @@ import pytest
 
 from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
 from fakes import FakeAllocatorBackend
-from kvaudit import meters
 from kvaudit.cli import main
-from kvaudit.meters import DeviceMeter
+from kvaudit.measure import meters
+from kvaudit.measure.meters import DeviceMeter
 
 GiB = 1 << 30
 pytestmark = pytest.mark.skipif(

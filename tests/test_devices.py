@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit import meters
-from kvaudit.audit import audit_all, dry_run, run_audit
 from kvaudit.cli import main
 from kvaudit.errors import MeterUnavailable
-from kvaudit.meters import DeviceMeter
+from kvaudit.measure import meters
+from kvaudit.measure.audit import audit_all, dry_run, run_audit
+from kvaudit.measure.meters import DeviceMeter
 from kvaudit.results import Verdict
-from kvaudit.strategies import STRATEGIES, Strategy, allocate_per_planned_tensor
+from kvaudit.strategies.builtin import STRATEGIES, Strategy, allocate_per_planned_tensor
 from conftest import deployment, plan_for
 from fakes import FakeAllocatorBackend, install_fake_torch_npu
 
@@ -106,7 +106,7 @@ def test_a_strategy_that_keeps_memory_fails_the_leak_check(npu):
 
 
 def test_meta_meter_leak_check_needs_no_device():
-    from kvaudit.meters import MetaMeter
+    from kvaudit.measure.meters import MetaMeter
 
     d = deployment()
     s = Strategy("leaky", "keeps a buffer", "cuda", "test", _leaky)

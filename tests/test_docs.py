@@ -155,7 +155,7 @@ def parse(args: list[str]) -> str | None:
     else the usage error kvaudit would print."""
     import typer
 
-    from kvaudit import cli
+    from kvaudit.cli import app as cli
     from kvaudit.errors import UsageError
 
     ex = cli._click_exceptions()

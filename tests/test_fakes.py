@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fakes import FakeAllocatorBackend, allocation_size, format_size, round_size
-from kvaudit.oom import is_out_of_memory, parse_oom
+from kvaudit.measure.oom import is_out_of_memory, parse_oom
 
 MiB = 1 << 20
 

@@ -24,12 +24,12 @@ import math
 
 import pytest
 
-from kvaudit.audit import audit_all
 from kvaudit.cli import main as main_cli
-from kvaudit.deployment import PRESETS, fixtures_dir
-from kvaudit.meters import make_meter
-from kvaudit.plan import build_plan, layer_mix, model_for
-from kvaudit.strategies import STRATEGIES
+from kvaudit.measure.audit import audit_all
+from kvaudit.measure.meters import make_meter
+from kvaudit.model.deployment import PRESETS, fixtures_dir
+from kvaudit.plan.planner import build_plan, layer_mix, model_for
+from kvaudit.strategies.builtin import STRATEGIES
 from conftest import deployment, skip_unless_planned
 
 RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 everywhere
@@ -48,7 +48,7 @@ def _config(preset: str) -> dict:
 
 
 def _registered(preset: str) -> bool:
-    from kvaudit.plan import load_vllm
+    from kvaudit.plan.planner import load_vllm
 
     load_vllm()  # declares torchvision's ops first where its extension cannot load
     from vllm.model_executor.models.registry import ModelRegistry
@@ -191,8 +191,8 @@ def test_auto_dtype_follows_vllm_for_float32_configs(tmp_path):
     cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
     cfg["torch_dtype"] = "float32"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
 
     d = make_deployment(load_model_spec(tmp_path), tp=1, max_model_len=4096, gpu_memory_utilization=0.9)
     assert d.dtype == "bfloat16"
@@ -215,8 +215,8 @@ def test_max_model_len_follows_vllms_own_length_check(tmp_path):
     40960) lets --max-model-len exceed max_position_embeddings, exactly as far as vLLM allows. (For YaRN,
     vLLM 0.33 expects max_position_embeddings already scaled, as transformers does.)"""
     from kvaudit.errors import ConfigError
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
 
     cfg = json.loads((fixtures_dir() / "qwen3-8b" / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
@@ -301,8 +301,8 @@ def test_not_audited_strategies_are_named_and_exit_3(capsys):
 def test_llama_config_with_layer_types_is_planned_as_vllms_llama_reads_it(tmp_path):
     """A Llama-style config with ``layer_types`` and ``sliding_window`` (as Mistral-style checkpoints
     publish them): vLLM's llama.py gives the sliding layers a sliding window; so does the plan."""
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
 
     cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
     cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(32)]

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.deployment import load_model
 from kvaudit.errors import ConfigError, UsageError
-from kvaudit.hub import is_hub_id, locate
+from kvaudit.model.deployment import load_model
+from kvaudit.model.hub import is_hub_id, locate
 from conftest import ROOT, skip_unless_planned
 
 QWEN3_8B = ROOT / "fixtures" / "configs" / "qwen3-8b" / "config.json"
@@ -155,8 +155,8 @@ def test_a_removed_architecture_is_named_with_the_last_vllm_that_served_it(capsy
 
 
 def test_a_policy_and_the_pytest_marker_take_a_hub_id(hub_cache, tmp_path, capsys):
-    from kvaudit.policy import PolicyError, load_policy
-    from kvaudit.pytest_plugin import parse_options
+    from kvaudit.ci.policy import PolicyError, load_policy
+    from kvaudit.ci.pytest_plugin import parse_options
 
     (tmp_path / "kvaudit.toml").write_text("[[model]]\nconfig = 'Qwen/Qwen3-32B'\n")
     cells = load_policy(tmp_path / "kvaudit.toml", ("vllm",)).cells
@@ -169,7 +169,7 @@ def test_a_policy_and_the_pytest_marker_take_a_hub_id(hub_cache, tmp_path, capsy
 
 def test_triage_plans_the_model_a_report_names_from_the_hub_cache(hub_cache):
     """The model of the report's launch, resolved by its Hub id (issue 21), not replaced by a family's preset."""
-    from kvaudit.triage import triage
+    from kvaudit.triage.conclude import triage
 
     cache_model(hub_cache, "acme/Llama-Test-8B", LLAMA)
     report = ("vllm serve acme/Llama-Test-8B --tensor-parallel-size 1 --max-model-len 8192\n"

@@ -26,12 +26,12 @@ BAD_INPUT = {
 
 NOT_MEASURED = {  # (the command line, where it is made to find what stops a measurement, what that is)
     "audit": (["qwen3-next", "--meter", "npu", "--format", "json"], None, None),  # no torch_npu here
-    "plan": (["plan", "--preset", "qwen3-next", "--format", "json"], "kvaudit.cli._model", "vllm"),
-    "check": (["check", str(ROOT / "examples" / "kvaudit.toml"), "--format", "json"], "kvaudit.policy.load_policy",
+    "plan": (["plan", "--preset", "qwen3-next", "--format", "json"], "kvaudit.cli.deployments.model", "vllm"),
+    "check": (["check", str(ROOT / "examples" / "kvaudit.toml"), "--format", "json"], "kvaudit.ci.policy.load_policy",
               "torch"),
-    "compare": (["compare", PAPER, PAPER, "--format", "json"], "kvaudit.compare.load_report", MemoryError),
-    "triage": (["triage", PAPER, "--format", "json"], "kvaudit.evidence.read_report", MemoryError),
-    "history": (["history", "qwen3-next", "--format", "json"], "kvaudit.cli._model", "vllm"),
+    "compare": (["compare", PAPER, PAPER, "--format", "json"], "kvaudit.report.compare.load_report", MemoryError),
+    "triage": (["triage", PAPER, "--format", "json"], "kvaudit.triage.evidence.read_report", MemoryError),
+    "history": (["history", "qwen3-next", "--format", "json"], "kvaudit.cli.deployments.model", "vllm"),
 }
 
 

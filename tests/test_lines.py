@@ -1,12 +1,12 @@
-"""Where words occur in a report's lines (kvaudit/lines.py): the one-pass automaton and the search per word agree."""
+"""Where words occur in a report's lines (kvaudit/triage/lines.py): the one-pass automaton and the search per word agree."""
 
 from __future__ import annotations
 
 import pytest
 
 from conftest import ROOT
-from kvaudit import lines
-from kvaudit.evidence import _ALL_WORDS, clean_lines
+from kvaudit.triage import lines
+from kvaudit.triage.evidence import _ALL_WORDS, clean_lines
 
 _REPORTS = sorted(p for folder in ("threads", "develop", "held-out-1", "held-out-2")
                   for p in (ROOT / "fixtures" / "reports" / folder).glob("*.txt"))

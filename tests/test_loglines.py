@@ -1,4 +1,4 @@
-"""kvaudit.loglines against its own catalogue: every format rendered with generated values reads back as those
+"""kvaudit.triage.loglines against its own catalogue: every format rendered with generated values reads back as those
 values, prose and tracebacks give no facts, and a 1 MB paste reads fast."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvaudit import loglines
-from kvaudit.loglines import CATALOGUE, read_line
+from kvaudit.triage import loglines
+from kvaudit.triage.loglines import CATALOGUE, read_line
 from kvaudit.versions import version_key
 
 from conftest import ROOT
@@ -173,7 +173,7 @@ def test_the_catalogue_spans_the_releases_and_vllm_ascend():
 
 
 def test_every_entry_is_well_formed_and_compiles():
-    raw = json.loads((ROOT / "kvaudit" / "log_formats.json").read_text())
+    raw = json.loads((ROOT / "kvaudit" / "triage" / "log_formats.json").read_text())
     assert raw == CATALOGUE and len(raw) > 50
     documented = set(re.findall(r"``(\w+)``", loglines.__doc__ or ""))
     units = {"GiB", "GB", "MiB", "MB", "bytes", "int", "float", "ratio", "text"}
@@ -227,7 +227,7 @@ def test_every_catalogued_line_of_a_1mb_paste_is_read():
 
 
 def test_reading_imports_neither_torch_nor_vllm():
-    code = ("import sys, kvaudit.loglines as l; l.read_line('Available KV cache memory: 1.0 GiB'); "
+    code = ("import sys, kvaudit.triage.loglines as l; l.read_line('Available KV cache memory: 1.0 GiB'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'vllm_ascend')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
@@ -249,7 +249,7 @@ def test_a_line_cut_short_gives_the_figures_before_the_cut_and_none_after():
 
 def test_a_string_inside_a_replacement_field_is_skipped_whole():
     """f-string fields hold string literals (``{d['}']}``, ``{x!r:>{w}}``): a brace or quote inside one ends nothing."""
-    from kvaudit.loglines import _field_end, _split_field
+    from kvaudit.triage.loglines import _field_end, _split_field
 
     fmt = "used {d['}'] + \"a'\"} GiB"
     assert fmt[_field_end(fmt, fmt.index("{"))+1:] == " GiB"

@@ -1,4 +1,4 @@
-"""The non-KV memory model (``kvaudit.memory``) and the start-up lines (``kvaudit.startup``): every term is in the
+"""The non-KV memory model (``kvaudit.model.memory``) and the start-up lines (``kvaudit.report.startup``): every term is in the
 budget, each release era is the one its vLLM had, and the lines carry that release's wording and definitions."""
 
 from __future__ import annotations
@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
-from kvaudit import memory, startup
-from kvaudit.capacity import capacity
-from kvaudit.plan import model_for
+from kvaudit.model import memory
+
+from kvaudit.plan.capacity import capacity
+from kvaudit.plan.planner import model_for
+from kvaudit.report import startup
 from conftest import deployment as _deployment
 from conftest import plan_for, skip_unless_planned
 
@@ -88,7 +90,7 @@ def test_only_the_last_pp_stage_samples():
     assert "logits" not in _terms(first)["peak_activation"].source
     assert _terms(last)["peak_activation"].bytes > _terms(first)["peak_activation"].bytes
     # planning stage 0, the planner is handed every stage's budget: the last stage's is its own (it samples)
-    from kvaudit.plan import _pp_stages
+    from kvaudit.plan.planner import _pp_stages
 
     stages = _pp_stages(first)
     assert [s.pp_rank for s in stages] == [0, 1] and stages[1].kv_budget_bytes == last.kv_budget_bytes
@@ -176,7 +178,7 @@ def test_mxfp4_experts_are_padded_for_marlin():
 
 
 def test_vllms_own_memory_lines_are_read():
-    from kvaudit.evidence import clean_lines, extract
+    from kvaudit.triage.evidence import clean_lines, extract
 
     ev = extract(clean_lines(
         "(Worker_TP1 pid=1) INFO 08-14 09:28:01 [gpu_worker.py:857] Free memory on device (77.78/79.33 GiB) on startup. "
@@ -191,9 +193,9 @@ def test_vllms_own_memory_lines_are_read():
 
 
 def test_a_saved_plan_keeps_the_terms(tmp_path):
-    from kvaudit import planfile
-    from kvaudit.capacity import plan_stage
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.utilization import plan_stage
+    from kvaudit.plan import planfile
+    from kvaudit.strategies.builtin import STRATEGIES
 
     d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9)
     path = planfile.save([plan_stage(d, [STRATEGIES["vllm"]])], d.vllm_version, tmp_path / "p.json")
@@ -214,10 +216,10 @@ def test_hybrids_default_to_no_prefix_caching_before_vllm_0_28():
 def test_a_plan_file_with_a_forged_term_is_refused(tmp_path):
     import json
 
-    from kvaudit import planfile
-    from kvaudit.capacity import plan_stage
     from kvaudit.errors import ConfigError
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.utilization import plan_stage
+    from kvaudit.plan import planfile
+    from kvaudit.strategies.builtin import STRATEGIES
 
     d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9)
     path = planfile.save([plan_stage(d, [STRATEGIES["vllm"]])], d.vllm_version, tmp_path / "p.json")

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from kvaudit import meters
-from kvaudit.audit import run_audit
 from kvaudit.errors import MeterUnavailable, UsageError
-from kvaudit.meters import CpuMeter, DeviceMeter, MetaMeter, make_meter, select_meter
+from kvaudit.measure import meters
+from kvaudit.measure.audit import run_audit
+from kvaudit.measure.meters import CpuMeter, DeviceMeter, MetaMeter, make_meter, select_meter
 from kvaudit.results import Verdict
-from kvaudit.strategies import STRATEGIES
+from kvaudit.strategies.builtin import STRATEGIES
 from conftest import deployment, plan_for
 from fakes import FakeAllocatorBackend, install_fake_torch_npu
 
@@ -174,7 +174,7 @@ def test_cpu_measures_what_the_dispatcher_never_sees():
     accounting is the storage recorder); a cpu meter replaced by that accounting fails here."""
     import torch
 
-    from kvaudit.meters import CpuMeter, MetaMeter
+    from kvaudit.measure.meters import CpuMeter, MetaMeter
 
     n = 8 << 20
     readings = {}

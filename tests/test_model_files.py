@@ -547,8 +547,8 @@ def _deployment(family: Family):
     """The config at TP 1 on one H200, as kvaudit builds it (one build per config for the session). The weights
     are given (``--weights``), so that a 671B model at TP 1 still leaves a budget to plan."""
     from kvaudit.errors import KvauditError
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
 
     spec = load_model_spec(FIXTURES / family.config)
     if family.config not in _BUILT:
@@ -571,13 +571,13 @@ def _deployment(family: Family):
 
 def _must_build() -> set[str]:
     """The architectures of the presets that build under every vLLM kvaudit is tested with."""
-    from kvaudit.deployment import PRESETS, load_preset_spec
+    from kvaudit.model.deployment import PRESETS, load_preset_spec
 
     return {load_preset_spec(PRESETS[p]).architecture for p in BUILDS_UNDER_0_23}
 
 
 def _served(raw: dict) -> None:
-    from kvaudit.plan import load_vllm
+    from kvaudit.plan.planner import load_vllm
 
     load_vllm()
     from vllm.model_executor.models.registry import ModelRegistry
@@ -627,7 +627,7 @@ def test_layers_follow_the_model_file(family: Family):
     _served(raw)
     d = _deployment(family)
     expected = family.rule(text)
-    from kvaudit.plan import build_plan, model_for
+    from kvaudit.plan.planner import build_plan, model_for
 
     built = built_layers(model_for(d).kv_cache_specs(), expected)
     assert _kinds(built) == _kinds(expected)

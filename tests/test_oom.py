@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.oom import is_out_of_memory, parse_oom
+from kvaudit.measure.oom import is_out_of_memory, parse_oom
 
 GiB, MiB = 1 << 30, 1 << 20
 NPU = ("RuntimeError: NPU out of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB "
@@ -75,7 +75,7 @@ def test_real_torch_npu_messages_of_both_formats(message, figures):
 def test_what_this_process_holds_in_torchs_newer_message():
     """torch 2.1+ (c10/cuda/CUDACachingAllocator.cpp), as QwenLM/Qwen#782 pasted it: what this process holds is its
     own figure; without one, what its PyTorch allocated and reserved."""
-    from kvaudit.oom import parse_oom
+    from kvaudit.measure.oom import parse_oom
 
     gib = 1 << 30
     seen = parse_oom("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 234.00 MiB. GPU 0 has a total "

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit import page
-from kvaudit.report import meter_label, render_tables
+from kvaudit.report import page
+from kvaudit.report.render import meter_label, render_tables
 from kvaudit.results import DEFAULT_TOLERANCE, DeviceOom, GroupRow, Report, Verdict
 from kvaudit.units import fmt_bytes
 from conftest import ROOT, deployment
@@ -29,12 +29,12 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 def build_report(preset: str = "qwen3-next", util: float = 0.7, meter: str = "meta") -> Report:
     """The ``Report`` that ``kvaudit PRESET --util U --meter M`` renders (``cli.audit_command``'s recipe, with the
     four built-in strategies)."""
-    from kvaudit.audit import audit_all
-    from kvaudit.capacity import for_report
-    from kvaudit.meters import select_meter
-    from kvaudit.plan import vllm_version
-    from kvaudit.resolve import resolve_strategy
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.measure.audit import audit_all
+    from kvaudit.measure.meters import select_meter
+    from kvaudit.measure.utilization import for_report
+    from kvaudit.plan.planner import vllm_version
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.resolve import resolve_strategy
 
     d = deployment(preset, gpu_memory_utilization=util)
     strategies = [resolve_strategy(s) for s in STRATEGIES]
@@ -330,7 +330,7 @@ def test_the_page_fetches_nothing(rep, page_html, kind):
 
 
 def test_importing_the_page_imports_neither_torch_nor_vllm():
-    code = ("import sys; import kvaudit.page; "
+    code = ("import sys; import kvaudit.report.page; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm'}))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert p.returncode == 0, p.stderr

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvaudit.errors import ConfigError, NotAuditable
-from kvaudit.plan import shared_by_view
+from kvaudit.plan.planner import shared_by_view
 from conftest import deployment, plan_for
 
 # attention block size and uniform page P per platform rule, Qwen3-Next TP 4 bf16 (reference §7.3)
@@ -105,8 +105,8 @@ def test_options_that_are_given_are_not_defaults():
 def test_a_sliding_window_group_is_planned_with_the_serve_default_batch():
     """A sliding-window group holds window + max_num_batched_tokens tokens per request: with the class default
     (2048) instead of vllm serve's 8192 on an H100, gpt-oss's concurrency came out a third too high."""
-    from kvaudit.capacity import capacity
-    from kvaudit.plan import build_plan
+    from kvaudit.plan.capacity import capacity
+    from kvaudit.plan.planner import build_plan
 
     served = deployment("gpt-oss-120b", device="h100-80g", gpu_memory_utilization=0.9)
     forced = deployment("gpt-oss-120b", device="h100-80g", gpu_memory_utilization=0.9, max_num_batched_tokens=2048)
@@ -118,7 +118,7 @@ def test_a_sliding_window_group_is_planned_with_the_serve_default_batch():
 def test_every_pipeline_stage_gets_the_smallest_stages_num_blocks():
     """vLLM's engine plans all stages at once and gives each the smallest stage's num_blocks
     (get_kv_cache_configs); planned apart, the stage with the smaller budget would have fewer."""
-    from kvaudit.plan import build_plan
+    from kvaudit.plan.planner import build_plan
 
     stages = [deployment("llama-3.1-8b", pp=3, pp_rank=r, device="h100-80g", gpu_memory_utilization=0.9)
               for r in (0, 1, 2)]  # 32 layers in stages of 11, 11 and 10, the embedding and the LM head apart
@@ -152,8 +152,8 @@ def test_an_attention_free_model_keeps_vllms_mamba_block_size(tmp_path, platform
     hybrid rule on a Mamba-1 model divided by a zero attention page."""
     import json
 
-    from kvaudit.plan import make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
 
     (tmp_path / "config.json").write_text(json.dumps(MAMBA_130M))
     d = make_deployment(load_model_spec(tmp_path), tp=1, gpu_memory_utilization=0.9, max_model_len=2048,

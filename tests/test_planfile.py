@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT, deployment, plan_for
-from kvaudit import planfile
 from kvaudit.cli import main
+from kvaudit.plan import planfile
 
 QWEN = ["--preset", "qwen3-next", "--util", "0.7"]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvaudit import plan as plan_module
-from kvaudit.audit import run_audit
 from kvaudit.cli import main
 from kvaudit.errors import StrategyFailed, UsageError
-from kvaudit.meters import MetaMeter
+from kvaudit.measure.audit import run_audit
+from kvaudit.measure.meters import MetaMeter
+from kvaudit.plan import planner as plan_module
 from kvaudit.results import Verdict
-from kvaudit.resolve import resolve_strategy
+from kvaudit.strategies.resolve import resolve_strategy
 from conftest import ROOT, deployment, plan_for
 
 PLUGINS = ROOT / "tests" / "plugins"
@@ -97,7 +97,7 @@ def test_installed_with_no_allocator_is_exit_3(monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(plan_module, "vllm_version", lambda: None)
-    monkeypatch.setattr("kvaudit.installed.vllm_version", lambda: None)
+    monkeypatch.setattr("kvaudit.strategies.installed.vllm_version", lambda: None)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm_ascend" else real(n, *a))
     with pytest.raises(StrategyFailed, match="no KV-cache allocator is installed") as e:
@@ -121,9 +121,9 @@ def test_one_broken_strategy_does_not_stop_the_others(plugin_path, capsys):
 
 
 def test_a_strategy_that_fails_while_allocating_is_not_audited_alone(plugin_path, capsys):
-    from kvaudit.audit import audit_all
-    from kvaudit.strategies import STRATEGIES
-    from kvaudit.strategy import Strategy
+    from kvaudit.measure.audit import audit_all
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.strategy import Strategy
 
     def explodes(plan, device, kv_transfer):
         raise RuntimeError("boom")

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION  # noqa: E402
-from kvaudit.cli import _failure, main  # noqa: E402
+from kvaudit.cli.app import _failure, main  # noqa: E402
 from kvaudit.errors import EXIT_BUG, EXIT_CODES  # noqa: E402
 
 EXAMPLES = {
@@ -137,7 +137,7 @@ CONFIGS = [json.loads(p.read_text()) for p in sorted((ROOT / "fixtures/configs")
 @_settings("config")
 @given(st.data())
 def test_any_config_is_read_or_refused_in_one_line(data):
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
 
     doc = data.draw(mutated(data.draw(st.sampled_from(CONFIGS))))
     path = _file("config.json", _json_text(data.draw, doc))
@@ -147,7 +147,7 @@ def test_any_config_is_read_or_refused_in_one_line(data):
 @_settings("hf_overrides")
 @given(st.data())
 def test_any_hf_overrides_are_checked_as_vllm_applies_them(data):
-    from kvaudit.spec import check_config, text_config, with_overrides
+    from kvaudit.model.spec import check_config, text_config, with_overrides
 
     base = data.draw(st.sampled_from(CONFIGS))
     keys = sorted(set(text_config(base)) | {"text_config", "sliding_window", "full_attention_interval"})
@@ -162,7 +162,7 @@ def test_any_hf_overrides_are_checked_as_vllm_applies_them(data):
 def test_any_deployment_options_are_checked_in_one_line(data):
     import dataclasses
 
-    from kvaudit.deployment import PRESETS, Deployment, check_deployment, load_preset_spec
+    from kvaudit.model.deployment import PRESETS, Deployment, check_deployment, load_preset_spec
 
     spec = load_preset_spec(PRESETS[data.draw(st.sampled_from(sorted(PRESETS)))])
     ints = st.one_of(st.integers(-3, 3), st.integers(), st.sampled_from([2 ** 31, 10 ** 9, 257, 129, 65]))
@@ -226,7 +226,7 @@ def test_every_figure_of_every_real_line_at_every_extreme():
     """Each line of the shipped reports with its figures replaced, one figure at a time, by each extreme: the
     reader keeps what it can and drops the rest, never raises (a 5,000-digit budget once passed a pattern
     and failed int())."""
-    from kvaudit.evidence import clean_lines, extract
+    from kvaudit.triage.evidence import clean_lines, extract
 
     tried = 0
     for line in LINES:
@@ -244,7 +244,7 @@ def test_every_figure_of_every_real_line_at_every_extreme():
 def test_any_report_is_read_and_answered_in_the_schema(lines, newline, title):
     """Reading and the conclusions that need no planner (vLLM is hidden: the planner's audit is the
     plan's tests' business), through the Markdown and the JSON schema."""
-    from kvaudit.triage import triage
+    from kvaudit.triage.conclude import triage
 
     holder = {}
 
@@ -317,7 +317,7 @@ def test_ten_thousand_recombined_reports_are_read_and_answered_in_the_schema(see
 
 
 def triage_report(text: str, title: str | None = None):
-    from kvaudit.triage import triage
+    from kvaudit.triage.conclude import triage
 
     return triage(text, title=title)
 
@@ -325,10 +325,10 @@ def triage_report(text: str, title: str | None = None):
 @contextlib.contextmanager
 def _without_vllm():
     """vLLM reported as not installed: triage reads and concludes without planning."""
-    import kvaudit.plan
+    import kvaudit.plan.planner
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kvaudit.plan, "vllm_version", lambda: None)
+        mp.setattr(kvaudit.plan.planner, "vllm_version", lambda: None)
         yield
 
 
@@ -363,8 +363,8 @@ def _toml_value(v) -> str:
 
 
 def _policy_values():
-    from kvaudit.deployment import PRESETS
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.model.deployment import PRESETS
+    from kvaudit.strategies.builtin import STRATEGIES
 
     typed = st.one_of(st.sampled_from(sorted(PRESETS)), st.sampled_from(["pass", "fail", "not-audited", "meta", "cpu"]),
                       st.sampled_from(sorted(STRATEGIES)).map(lambda s: [s]), st.integers(-2, 9),
@@ -375,8 +375,8 @@ def _policy_values():
 
 @st.composite
 def policy_text(draw):
-    from kvaudit.options import deployment_option_names
-    from kvaudit.policy import CHECK_KEYS, MODEL_KEYS
+    from kvaudit.ci.policy import CHECK_KEYS, MODEL_KEYS
+    from kvaudit.model.options import deployment_option_names
 
     keys = sorted(set(CHECK_KEYS) | set(MODEL_KEYS) | set(deployment_option_names())) + ["colour"]
     values = _policy_values()
@@ -402,8 +402,8 @@ def policy_text(draw):
 @_settings("policy")
 @given(policy_text())
 def test_any_policy_is_loaded_or_refused_with_its_line(text):
-    from kvaudit.policy import MAX_CELLS, load_policy
-    from kvaudit.strategies import STRATEGIES
+    from kvaudit.ci.policy import MAX_CELLS, load_policy
+    from kvaudit.strategies.builtin import STRATEGIES
 
     holder = {}
     code = _ending(lambda: holder.update(p=load_policy(_file("kvaudit.toml", text), tuple(STRATEGIES))))
@@ -439,7 +439,7 @@ REPORTS = [_trimmed(p) for p in sorted((ROOT / "fixtures/reports/compare").glob(
 @_settings("compare")
 @given(st.data())
 def test_any_two_saved_reports_are_compared_or_refused(data):
-    from kvaudit import compare as C
+    from kvaudit.report import compare as C
 
     docs = [data.draw(st.one_of(mutated(r), st.just(r))) for r in data.draw(st.lists(st.sampled_from(REPORTS),
                                                                                       min_size=2, max_size=2))]
@@ -465,7 +465,7 @@ def plan_doc(tmp_path_factory):
 @_settings("plan_file")
 @given(data=st.data())
 def test_any_plan_file_is_read_or_refused_in_one_line(data, plan_doc):
-    from kvaudit import planfile
+    from kvaudit.plan import planfile
 
     path = _file("x.plan.json", _json_text(data.draw, data.draw(mutated(plan_doc))))
     assert _ending(planfile.load, path) in (0, 2)
@@ -477,7 +477,7 @@ def test_any_plan_file_that_reads_is_audited_to_a_verdict(data, plan_doc, capsys
     """A mutated plan file that passes the reader is audited through the command line on meta, by every
     built-in strategy (the vllm strategy rebuilds vLLM's objects from it): a verdict or not audited, never a
     crash."""
-    from kvaudit import planfile
+    from kvaudit.plan import planfile
 
     path = _file("x.plan.json", json.dumps(data.draw(mutated(plan_doc, mutations=2))))
     try:

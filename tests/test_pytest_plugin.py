@@ -20,8 +20,8 @@ import pytest
 from conftest import ROOT, VLLM_VERSION
 
 PROJECT = ROOT / "tests" / "plugin_project"
-ENTRY_POINT = ("pytest11", "kvaudit", "kvaudit.pytest_plugin")
-"""``[project.entry-points.pytest11] kvaudit = "kvaudit.pytest_plugin"`` in pyproject.toml."""
+ENTRY_POINT = ("pytest11", "kvaudit", "kvaudit.ci.pytest_plugin")
+"""``[project.entry-points.pytest11] kvaudit = "kvaudit.ci.pytest_plugin"`` in pyproject.toml."""
 
 
 def _installed_entry_point() -> importlib.metadata.EntryPoint | None:
@@ -185,7 +185,7 @@ def test_an_allocator_error_keeps_its_own_traceback(project):
     o = project.outcomes["test_allocator_that_raises"]
     assert o.outcome == "failed" and "E       ValueError: no room for layer 0" in o.message
     assert "def broken_allocator(kv_cache_config, device):" in o.message
-    assert "kvaudit/audit.py" not in o.message and "kvaudit/plugins.py" not in o.message
+    assert "kvaudit/measure/audit.py" not in o.message and "kvaudit/strategies/plugins.py" not in o.message
 
 
 def test_each_deployment_is_planned_once_per_session(project):
@@ -223,9 +223,9 @@ def test_the_entry_point_is_declared():
     ep = _installed_entry_point()
     if ep is None:
         pytest.skip("the installed kvaudit does not declare the pytest11 entry point yet: add "
-                    '[project.entry-points.pytest11] kvaudit = "kvaudit.pytest_plugin" to pyproject.toml and '
+                    '[project.entry-points.pytest11] kvaudit = "kvaudit.ci.pytest_plugin" to pyproject.toml and '
                     "reinstall (pip install --no-deps -e .)")
     assert ep.value == ENTRY_POINT[2]
-    import kvaudit.pytest_plugin
+    import kvaudit.ci.pytest_plugin
 
-    assert ep.load() is kvaudit.pytest_plugin
+    assert ep.load() is kvaudit.ci.pytest_plugin

@@ -46,7 +46,7 @@ def test_the_documented_job_is_a_complete_github_actions_workflow():
 
 @pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason=f"runs scripts/kvaudit, whose .venv has vLLM {PRIMARY_VLLM}")
 def test_the_documented_policy_and_command_run_in_a_vllm_ascend_checkout(tmp_path):
-    from kvaudit import releases
+    from kvaudit.strategies import releases
 
     with tarfile.open(releases.fetch_sdist(RELEASE)) as tf:
         tf.extractall(tmp_path, filter="data")

@@ -63,8 +63,8 @@ def unloadable() -> dict[str, str]:
     """{registry module: the first line of the exception} for each module (or class it names) that cannot load:
     imported, and each class looked up (packages such as ``vllm.models.kimi_k3`` load their classes lazily)."""
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-    from kvaudit import vllm_model
-    from kvaudit.plan import load_vllm
+    from kvaudit.model import vllm_model
+    from kvaudit.plan.planner import load_vllm
 
     load_vllm()
     failed: dict[str, str] = {}

@@ -11,11 +11,11 @@ import subprocess
 import pytest
 import torch
 
-from kvaudit import releases
-from kvaudit.accounting import byte_span, storage_key
 from kvaudit.errors import StrategyFailed, UsageError
-from kvaudit.resolve import resolve_strategy
-from kvaudit.strategies import STRATEGIES
+from kvaudit.measure.accounting import byte_span, storage_key
+from kvaudit.strategies import releases
+from kvaudit.strategies.builtin import STRATEGIES
+from kvaudit.strategies.resolve import resolve_strategy
 from kvaudit.units import fmt_bytes
 from conftest import ROOT, deployment, plan_for, skip_unless_planned
 
@@ -60,8 +60,8 @@ def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, 
 @pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.20.2rc1", "0.24.0rc1", "0.26.0rc1", "0.29.0rc1",
                                      "0.30.0rc2"])
 def test_release_code_on_the_dense_control(version):
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
 
     s = resolve_strategy(f"vllm-ascend=={version}")
     d = deployment("llama-3.1-8b")
@@ -122,8 +122,8 @@ def test_releases_that_read_the_hardware_profile_are_audited(version, preset):
     """0.27-0.28's code runs as on an Atlas A2 (the chip kvaudit's build info is for): the hardware profile
     is computed from the release's own ``device/`` modules, and without the A5-only FP8_ATTENTION capability
     no FA-quantization cache is made. Before, every dense model stopped: ``uses _CURRENT_HARDWARE_PROFILE``."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
 
     _sdist_or_skip(version)
     skip_unless_planned(preset)
@@ -159,7 +159,7 @@ def test_a_release_budget_rule_that_raises_leaves_the_others_audited(capsys):
 def test_the_hardware_profile_is_the_one_of_the_chip_the_build_is_for(version, soc, device_type, fp8_attention):
     """The profile is ``_HARDWARE_PROFILES[get_device_config()._device_type]``, computed by the release's code
     from the ``_build_info`` its own setup.py writes for ``soc``: the A2 profile for kvaudit's default chip."""
-    from kvaudit.runner_code import _Loader
+    from kvaudit.strategies.runner_code import _Loader
 
     _sdist_or_skip(version)
     tree = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
@@ -288,7 +288,7 @@ def test_installed_says_when_vllm_ascend_is_absent():
 
 
 def test_history_finds_where_the_allocation_changed():
-    from kvaudit.history import history
+    from kvaudit.ci.history import history
 
     rows = history(deployment(), ["0.10.1rc1", "0.11.0", "0.13.0", "0.18.0"])
     assert [(r.version, r.ratio, r.storages, r.verdict, r.changed) for r in rows] == [
@@ -302,7 +302,7 @@ def test_history_finds_where_the_allocation_changed():
 def test_history_through_the_cli(capsys, monkeypatch):
     import json
 
-    from kvaudit import history
+    from kvaudit.ci import history
     from kvaudit.cli import main
 
     monkeypatch.setattr(history, "published", lambda since=None: (["0.13.0", "0.18.0"], "a test list"))
@@ -353,8 +353,8 @@ def test_layer_strided_release_code_with_kv_transfer(version, storages):
     """With a KV connector (Mooncake V1, as vllm-ascend's P/D guides deploy): 0.28 keeps the shared
     backing only for the connectors it lists, so it gives each layer a private buffer (4.03× vLLM's plan
     for the whole budget); 0.29 lists Mooncake V1; 0.30 drops the gate."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
 
     s = resolve_strategy(f"vllm-ascend=={version}")
     d = deployment(kv_transfer=True)
@@ -381,9 +381,9 @@ def test_a_release_worker_that_shrinks_the_budget_plans_with_it(preset, version,
     buffer, and their worker (NPUWorker._scale_kv_cache_memory_for_multi_group, run from the sdist) hands
     vLLM's planner a budget shrunk to fit them. The strategy's plan is made with that budget: the buffers
     are 2.00× (6.20×) that plan, within the device budget, and the report says the capacity lost."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
-    from kvaudit.plan import plan_for as strategy_plan
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
+    from kvaudit.plan.planner import plan_for as strategy_plan
 
     skip_unless_planned(preset)
     s = resolve_strategy(f"vllm-ascend=={version}")
@@ -410,9 +410,9 @@ def test_0_28_with_kv_transfer_plans_a_quarter_of_the_budget():
     """0.28.0rc1 with Mooncake V1 gives Qwen3-Next's 48 layers private buffers: its worker plans with a
     quarter of the budget (4 groups of 12 layers, equal pages); the buffers' 2 MiB alignment units are
     what takes them past the budget (4.11× the plan, util 0.702 of 0.7)."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
-    from kvaudit.plan import plan_for as strategy_plan
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
+    from kvaudit.plan.planner import plan_for as strategy_plan
 
     s = resolve_strategy("vllm-ascend==0.28.0rc1")
     d = deployment(kv_transfer=True)
@@ -427,7 +427,7 @@ def test_0_28_with_kv_transfer_plans_a_quarter_of_the_budget():
 def test_a_release_worker_keeps_the_budget_where_its_runner_shares_the_backing():
     """Qwen3-Next (attention + Mamba, the layer/block-compact layout) under 0.30: the runner class declares
     ``supports_standardized_shared_kv_backing`` and keeps one backing, so the worker keeps the budget."""
-    from kvaudit.plan import plan_for as strategy_plan
+    from kvaudit.plan.planner import plan_for as strategy_plan
 
     s = resolve_strategy("vllm-ascend==0.30.0rc2")
     d = deployment()
@@ -473,7 +473,7 @@ def test_releases_before_0_28_plan_with_the_whole_budget():
 
 
 def test_history_names_the_shrunk_budget():
-    from kvaudit.history import history
+    from kvaudit.ci.history import history
 
     d = deployment("gpt-oss-120b", gpu_memory_utilization=0.9)
     if plan_for(d, "ascend-contiguous").plan_format != "layers":
@@ -484,8 +484,8 @@ def test_history_names_the_shrunk_budget():
 
 
 def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
-    from kvaudit.runner_code import Extracted
-    from kvaudit.plan import load_vllm
+    from kvaudit.plan.planner import load_vllm
+    from kvaudit.strategies.runner_code import Extracted
 
     seen = []
     real_call = Extracted.call
@@ -527,7 +527,7 @@ def test_a_release_before_hybrid_support_says_so_in_one_line():
 
 
 def test_guarded_reads_get_their_default_and_unguarded_ones_stop():
-    from kvaudit.runner_code import Unprovided, _Attrs, _missing
+    from kvaudit.strategies.runner_code import Unprovided, _Attrs, _missing
 
     runner = _Attrs("vllm-ascend X's runner", "self", {"device": "meta"})
     assert getattr(runner, "compilation_config", None) is None  # getattr(self, name, default): the default
@@ -548,7 +548,7 @@ def test_plan_with_another_environments_vllm(capfd):
     from pathlib import Path
 
     from conftest import ROOT, VLLM_VERSION
-    from kvaudit.cli import _elsewhere, main
+    from kvaudit.cli.app import _elsewhere, main
 
     with pytest.raises(UsageError, match="not an executable python"):
         _elsewhere(["qwen3-next", "--vllm-python", "/nonexistent/python"])
@@ -568,8 +568,8 @@ def test_release_properties_are_read_as_properties(monkeypatch):
     """0.29 decides shared backing under KV transfer in a ``@property`` (its connector list): with a
     connector it does not list, every layer gets a private buffer. Compiled as a plain method, the
     property would read as a bound method, always true, and hide that."""
-    from kvaudit.audit import run_audit
-    from kvaudit.meters import MetaMeter
+    from kvaudit.measure.audit import run_audit
+    from kvaudit.measure.meters import MetaMeter
 
     monkeypatch.setattr(releases, "KV_CONNECTOR", "LLMDataDistCMgrConnector")
     s = resolve_strategy("vllm-ascend==0.29.0rc1")

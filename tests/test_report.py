@@ -8,12 +8,13 @@ import re
 import jsonschema
 import pytest
 
-from kvaudit import report
-from kvaudit.audit import audit_all
+from kvaudit.cli import main
+from kvaudit.cli.options import Detail, Format
+from kvaudit.measure.audit import audit_all
+from kvaudit.measure.meters import MetaMeter
+from kvaudit.report import render as report
 from kvaudit.results import Report
-from kvaudit.cli import Detail, Format, main
-from kvaudit.meters import MetaMeter
-from kvaudit.strategies import STRATEGIES
+from kvaudit.strategies.builtin import STRATEGIES
 from conftest import GOLDEN, ROOT, deployment
 
 SCHEMA = json.loads((ROOT / "kvaudit" / "report.schema.json").read_text())
@@ -127,7 +128,7 @@ def test_stages_json_holds_each_stage_report_and_the_worst_exit_code(rep):
 
 
 def test_plan_json_names_the_planning_vllm():
-    from kvaudit.capacity import plan_stage
+    from kvaudit.measure.utilization import plan_stage
 
     stage = plan_stage(deployment(), [STRATEGIES["ascend-0.16"]])
     text = report.plan_to_json([stage], "9.9.9")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvaudit.errors import StrategyFailed
-from kvaudit.runner_code import SourceTree, extract_allocator
+from kvaudit.strategies.runner_code import SourceTree, extract_allocator
 
 RUNNER = '''
 import torch

@@ -9,7 +9,7 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.errors import ConfigError, UsageError
-from kvaudit.spec import load_model_spec
+from kvaudit.model.spec import load_model_spec
 from conftest import ROOT
 
 QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct/config.json"
@@ -31,7 +31,7 @@ def test_quantization_config_is_read():
 def test_spec_parsing_imports_neither_torch_nor_vllm():
     import subprocess
 
-    code = ("import sys; from kvaudit.spec import load_model_spec; import kvaudit.report, kvaudit.deployment; "
+    code = ("import sys; from kvaudit.model.spec import load_model_spec; import kvaudit.report.render, kvaudit.model.deployment; "
             f"load_model_spec({str(QWEN)!r}); "
             "print([m for m in ('torch', 'vllm', 'rich') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -161,9 +161,9 @@ def test_a_config_that_describes_no_model_is_refused_before_planning(tmp_path, c
     ('{"num_hidden_layers": 0}', "with --hf-overrides: field 'num_hidden_layers' must be a positive integer"),
 ])
 def test_the_checks_run_again_on_the_config_with_hf_overrides(capsys, monkeypatch, overrides, message):
-    import kvaudit.plan
+    import kvaudit.plan.planner
 
-    monkeypatch.setattr(kvaudit.plan, "model_for", lambda d: pytest.fail("planned a config that describes no model"))
+    monkeypatch.setattr(kvaudit.plan.planner, "model_for", lambda d: pytest.fail("planned a config that describes no model"))
     code = main(["plan", "--config", str(QWEN), "--hf-overrides", overrides])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
@@ -171,7 +171,7 @@ def test_the_checks_run_again_on_the_config_with_hf_overrides(capsys, monkeypatc
 
 def test_a_zero_count_that_means_none_is_read():
     """0 is a model without that part: a dense Granite 4.0-H, DeepSeek without an MTP layer."""
-    from kvaudit.spec import check_config
+    from kvaudit.model.spec import check_config
 
     cfg = json.loads((ROOT / "fixtures/configs/granite-4.0-h-small/config.json").read_text())
     check_config({**cfg, "num_local_experts": 0}, "x")
@@ -180,7 +180,7 @@ def test_a_zero_count_that_means_none_is_read():
 
 
 def test_overrides_are_merged_as_vllm_merges_them():
-    from kvaudit.spec import with_overrides
+    from kvaudit.model.spec import with_overrides
 
     base = {"a": 1, "text_config": {"b": 2, "c": 3}}
     assert with_overrides(base, {"a": 5, "text_config": {"b": 7}}) == {"a": 5, "text_config": {"b": 7, "c": 3}}
@@ -196,9 +196,9 @@ def test_overrides_are_merged_as_vllm_merges_them():
     (["--num-speculative-tokens", "1000"], "--num-speculative-tokens 1,000 is beyond any real deployment"),
 ])
 def test_deployment_options_beyond_any_real_deployment_are_refused_before_building(capsys, monkeypatch, args, message):
-    import kvaudit.plan
+    import kvaudit.plan.planner
 
-    monkeypatch.setattr(kvaudit.plan, "model_for", lambda d: pytest.fail("built a model for an impossible deployment"))
+    monkeypatch.setattr(kvaudit.plan.planner, "model_for", lambda d: pytest.fail("built a model for an impossible deployment"))
     code = main(["plan", "--config", str(QWEN), *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err

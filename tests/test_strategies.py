@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.audit import run_audit
-from kvaudit.meters import CpuMeter, MetaMeter
+from kvaudit.measure.audit import run_audit
+from kvaudit.measure.meters import CpuMeter, MetaMeter
 from kvaudit.results import Verdict
-from kvaudit.strategies import ALIGNMENT, STRATEGIES, allocate_per_planned_tensor
+from kvaudit.strategies.builtin import ALIGNMENT, STRATEGIES, allocate_per_planned_tensor
 from conftest import deployment, plan_for
 
 RATIOS = {"vllm": 1.0, "ascend-0.11": 4.0, "ascend-0.12": 2.0, "ascend-0.16": 1.0}
@@ -75,7 +75,7 @@ def test_dense_control_every_strategy_allocates_exactly_the_plan(name, meter):
 def test_meta_count_for_vllm_equals_vllms_own_allocation():
     """vLLM's own allocation function for the plan: allocate_kv_cache (0.29+), or the model runner's
     _allocate_kv_cache_tensors (up to 0.28), counted here storage by storage."""
-    from kvaudit.resolve import resolve_strategy
+    from kvaudit.strategies.resolve import resolve_strategy
 
     d = deployment()
     plan = plan_for(d, "cuda")

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.evidence import MAX_REPORT_BYTES, clean_lines, extract
-from kvaudit.triage import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
+from kvaudit.triage.conclude import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
+from kvaudit.triage.evidence import MAX_REPORT_BYTES, clean_lines, extract
 from conftest import ROOT
 
 REPORTS = ROOT / "fixtures" / "reports"
@@ -124,7 +124,7 @@ def test_pasted_in_other_shapes_the_triage_is_the_same(mangle):
 def test_log_lines_are_read_without_torch_or_vllm():
     """Only a launch needs vLLM (its parser): a log without one is read by kvaudit alone."""
     log = REPORTS / "ascend-0.13-qwen3-next-oom.log"
-    code = ("import sys; from kvaudit.evidence import clean_lines, extract; "
+    code = ("import sys; from kvaudit.triage.evidence import clean_lines, extract; "
             f"lines = [l for l in clean_lines(open({str(log)!r}).read()) if 'vllm serve' not in l and '--' not in l]; "
             "ev = extract(lines); print(len(ev) > 10, any('vLLM' in f.value for f in ev.all('launch_parser')), "
             "[m for m in ('torch', 'vllm') if m in sys.modules])")
@@ -314,8 +314,8 @@ def test_titles_count_given_apart_or_as_the_first_line():
 
 
 def test_schema_names_every_cause_and_phase():
-    from kvaudit.evidence import PHASES
-    from kvaudit.triage import CAUSES
+    from kvaudit.triage.conclude import CAUSES
+    from kvaudit.triage.evidence import PHASES
 
     assert set(SCHEMA["properties"]["cause"]["enum"]) - {None} == set(CAUSES)
     assert set(SCHEMA["properties"]["phase"]["enum"]) - {None} == set(PHASES)
@@ -326,7 +326,7 @@ def test_a_regression_after_the_fix_is_not_told_to_upgrade(monkeypatch):
     everything twice) gets no ``fixed_in`` and no advice to move to another release."""
     import dataclasses
 
-    import kvaudit.strategies as strategies
+    import kvaudit.strategies.builtin as strategies
 
     fixed = strategies.STRATEGIES["ascend-0.16"]
 
@@ -441,8 +441,8 @@ def test_a_short_prose_report_about_a_model_is_answered_not_refused(capsys):
 
 def test_a_hub_page_gives_the_size_a_titles_model_lacks():
     """vllm issue 4821: the title's "Llama 3" is the linked Llama-3-...-8b-instruct; a title with a size keeps it."""
-    from kvaudit.evidence import clean_lines, extract
-    from kvaudit.triage import _model
+    from kvaudit.triage.conclude import _model
+    from kvaudit.triage.evidence import clean_lines, extract
 
     sizeless = extract(clean_lines("[Bug]: Llama 3 - Out of memory\nI use https://huggingface.co/rhaymison/"
                                    "Llama-3-portuguese-Tom-cat-8b-instruct and it OOMs"))
@@ -455,7 +455,7 @@ def test_a_hub_page_gives_the_size_a_titles_model_lacks():
 @pytest.mark.parametrize("name, width", [("Qwen3.8-27B NVFP4", 0.5), ("Llama-3-8B-bnb-4bit", 0.5),
                                          ("Qwen2.5-72B-Instruct-FP8", 1), ("Qwen2.5-7B", 2)])
 def test_weights_from_a_name_take_the_checkpoints_width(name, width):
-    from kvaudit.triage import Sourced, _weights
+    from kvaudit.triage.conclude import Sourced, _weights
 
     got = _weights({"model": Sourced(name, "test")})
     assert got is not None and f"× {width:g} bytes" in got[1]

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.evidence import clean_lines, extract
-from kvaudit.triage import triage
+from kvaudit.triage.conclude import triage
+from kvaudit.triage.evidence import clean_lines, extract
 from conftest import ROOT, skip_unless_planned
-from kvaudit.deployment import preset_for_model
+from kvaudit.model.deployment import preset_for_model
 
 THREADS = ROOT / "fixtures" / "reports" / "threads"
 EXPECTED = {k: v for k, v in json.loads((THREADS / "expected.json").read_text()).items() if not k.startswith("_")}

@@ -1,4 +1,4 @@
-"""The stand-ins kvaudit/vllm_model.py applies for families that did not build on ``meta``: each family plans with
+"""The stand-ins kvaudit/model/vllm_model.py applies for families that did not build on ``meta``: each family plans with
 them, and where the installed vLLM has the place a stand-in answers for, the build fails without it."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ NEMOTRON_3_NANO = ROOT / "fixtures" / "architectures" / "nvidia--NVIDIA-Nemotron
 
 
 def _plan(tmp_path, config: dict | None = None, folder=None):
-    from kvaudit.plan import build_plan, make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import build_plan, make_deployment
 
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))
@@ -87,7 +87,7 @@ def _plan(tmp_path, config: dict | None = None, folder=None):
 
 def _without(monkeypatch, dropped) -> None:
     """Build afresh, with every stand-in but those ``dropped(obj, name)`` names."""
-    from kvaudit import vllm_model
+    from kvaudit.model import vllm_model
 
     stand_ins = vllm_model._stand_in_list(vllm_model._modules())
     kept = [(o, n, v) for o, n, v in stand_ins if not dropped(o, n)]
@@ -195,7 +195,7 @@ def test_the_stand_ins_are_undone_after_a_build(tmp_path):
     """Outside a build vLLM sees this host as it is (a CPU torch: no CUDA stream)."""
     import torch
 
-    from kvaudit import vllm_model
+    from kvaudit.model import vllm_model
 
     _plan(tmp_path, GEMMA_3N_E4B_TEXT)
     for obj, name, _value in vllm_model._STAND_INS:
@@ -226,7 +226,7 @@ _MOE_BACKEND_SELECTORS = {
 def _big_model(folder, architecture: str):
     if not (folder / "config.json").is_file():
         pytest.skip(f"{folder.relative_to(ROOT)} is not in this checkout")
-    from kvaudit import vllm_model
+    from kvaudit.model import vllm_model
 
     if architecture not in vllm_model._modules().registry.ModelRegistry.get_supported_archs():
         pytest.skip(f"vLLM {VLLM_VERSION} has no {architecture}")
@@ -242,7 +242,7 @@ def _kimi_k2_5():
 
 def _backends_chosen(monkeypatch, kind: str) -> Counter:
     """The MoE backends vLLM's oracle returns while the next model builds (afresh), by name."""
-    from kvaudit import vllm_model
+    from kvaudit.model import vllm_model
 
     module, name = _MOE_BACKEND_SELECTORS[kind]
     try:
@@ -265,8 +265,8 @@ def _backends_chosen(monkeypatch, kind: str) -> Counter:
 
 
 def _deploy(folder, tp: int, pp: int = 1):
-    from kvaudit.plan import build_plan, make_deployment
-    from kvaudit.spec import load_model_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import build_plan, make_deployment
 
     d = make_deployment(load_model_spec(folder), tp=tp, pp=pp, gpu_memory_utilization=0.9, max_model_len=4096,
                         device="h200-141g", overhead_bytes=2 << 30)
@@ -284,8 +284,8 @@ def _hopper_moe_backend() -> str:
 
 def _without_quantized_moe_stand_ins(monkeypatch, names=("current_platform", "has_humming", "prefers_humming",
                                                            "GemmType")) -> None:
-    """Build afresh without the stand-ins kvaudit/vllm_model.py ``_quantized_moe_stand_ins`` lists (those named)."""
-    from kvaudit import vllm_model
+    """Build afresh without the stand-ins kvaudit/model/vllm_model.py ``_quantized_moe_stand_ins`` lists (those named)."""
+    from kvaudit.model import vllm_model
 
     ours = {(id(o), n) for o, n, _v in vllm_model._quantized_moe_stand_ins()}
     _without(monkeypatch, lambda obj, name: (id(obj), name) in ours and name in names)

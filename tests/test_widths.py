@@ -11,14 +11,18 @@ import re
 
 import pytest
 
-from kvaudit import check, compare, report
-from kvaudit.audit import audit_all
-from kvaudit.capacity import plan_stage
+from kvaudit.ci import check
+
+from kvaudit.report import compare
+
 from kvaudit.cli import main
-from kvaudit.meters import MetaMeter
-from kvaudit.plan import vllm_version
+from kvaudit.measure.audit import audit_all
+from kvaudit.measure.meters import MetaMeter
+from kvaudit.measure.utilization import plan_stage
+from kvaudit.plan.planner import vllm_version
+from kvaudit.report import render as report
 from kvaudit.results import Report
-from kvaudit.strategies import STRATEGIES
+from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.units import fmt_bytes
 from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION, deployment
 
@@ -102,7 +106,7 @@ def test_plan_keeps_every_figure_whole():
 
 
 def test_check_keeps_every_figure_whole(tmp_path):
-    from kvaudit.policy import load_policy
+    from kvaudit.ci.policy import load_policy
 
     policy = tmp_path / "kvaudit.toml"
     policy.write_text('[check]\nmeter = "meta"\nstrategies = ["vllm", "ascend-0.11", "ascend-0.12", "ascend-0.16"]\n\n'
@@ -133,7 +137,7 @@ def test_compare_keeps_every_figure_whole():
 
 
 def test_history_keeps_every_figure_whole():
-    from kvaudit.history import history, render
+    from kvaudit.ci.history import history, render
 
     rows = history(deployment(), ["0.11.0", "0.13.0", "0.18.0"])
     wanted = {f"{r.ratio:.2f}" for r in rows} | {str(r.storages) for r in rows}
@@ -143,7 +147,7 @@ def test_history_keeps_every_figure_whole():
 @pytest.mark.parametrize("command", ["", "audit", "plan", "check", "compare", "triage", "history", "models"])
 @pytest.mark.parametrize("width", [60, 80])
 def test_help_shows_every_option_name_whole(capsys, monkeypatch, command, width):
-    from kvaudit import cli
+    from kvaudit.cli import app as cli
 
     monkeypatch.setenv("COLUMNS", str(width))
     assert main([*([command] if command else []), "--help"]) == 0

@@ -1,0 +1,104 @@
+"""``kvaudit audit`` (and ``kvaudit PRESET``, ``kvaudit MODEL``): plan with vLLM, or read a saved plan, and
+audit each strategy under the meter; the report as tables or JSON, with pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvaudit.cli import deployments
+from kvaudit.cli.options import AUDIT_OPTIONS, DEPLOYMENT_OPTIONS, MODEL_OPTIONS, PLAN_FILE, Detail, Format
+from kvaudit.cli.output import check_outputs, note, render_reports, write_pages
+from kvaudit.errors import UsageError
+
+NAME = "audit"
+OPTIONS = (*MODEL_OPTIONS, PLAN_FILE, *AUDIT_OPTIONS)
+HELP = "Audit a model (--model: a Hub id, a folder, a config.json) or a preset (--preset)."
+DESCRIPTION = "Audit the KV-cache allocation of a model config under each strategy."
+
+
+def run(a: Any) -> int:
+    """Run the audit the options describe, render it, and return the exit code."""
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    check_outputs(a.html, a.svg)
+    if getattr(a, "plan", None):
+        return _saved_plan_audit(a)
+    from kvaudit.measure import audit as core
+    from kvaudit.measure.meters import select_meter
+    from kvaudit.measure.utilization import for_report
+    from kvaudit.plan.planner import vllm_version
+    from kvaudit.results import Report
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.resolve import resolve_strategies
+
+    spec, p = deployments.model(a)
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+    for s in strategies:
+        if s.note:
+            note(f"kvaudit: {s.note}")
+    meter = select_meter(a.meter, a.device_index)
+    stages = [deployments.deployment(a, spec, p, rank) for rank in deployments.pp_ranks(a)]
+    note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
+         f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
+    reports = []
+    for dep in stages:
+        skipped: list[tuple[str, str]] = list(broken)
+        audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
+        caps, safe = for_report(dep, list(audits), strategies)
+        reports.append(Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
+                              vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
+                              safe_utilization=safe))
+    render_reports(reports, Format(a.fmt), Detail(a.detail))
+    write_pages(a, reports)
+    return max(rep.exit_code for rep in reports)
+
+
+def _saved_plan_audit(a: Any) -> int:
+    """``audit --plan PLAN.json``: the saved plans, audited with torch alone (vLLM is not imported unless
+    a strategy needs vLLM's own code and the vLLM that planned is installed)."""
+    from kvaudit.plan import planfile
+
+    fixed = _deployment_options_given(a)
+    if fixed:
+        raise UsageError(f"{fixed} cannot change a saved plan ({a.plan} fixes the model and deployment); plan "
+                         "again with: kvaudit plan ... --save PLAN.json")
+    saved = planfile.load(a.plan)  # bad input is reported before anything needs torch
+
+    from kvaudit.measure import audit as core
+    from kvaudit.measure.meters import select_meter
+    from kvaudit.results import Report
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.resolve import resolve_strategies
+
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+    for s in strategies:
+        if s.note:
+            note(f"kvaudit: {s.note}")
+    meter = select_meter(a.meter, a.device_index)
+    stages = [st for st in saved.stages if a.pp_rank is None or st.deployment.pp_rank == a.pp_rank]
+    if not stages:
+        raise UsageError(f"--pp-rank {a.pp_rank}: {a.plan} holds stages "
+                         f"{', '.join(str(st.deployment.pp_rank) for st in saved.stages)}")
+    note(f"kvaudit: auditing {len(strategies)} strategies on the {meter.name} meter against {saved.path.name} "
+         f"(planned by vLLM {saved.vllm_version})")
+    reports = []
+    for st in stages:
+        skipped: list[tuple[str, str]] = list(broken)
+        audits = tuple(core.audit_all(st.deployment, strategies, meter, a.tolerance, skipped,
+                                      plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)))
+        caps = {r.plan.name: st.capacity[r.plan.name] for r in audits}
+        safe = {r.strategy: st.safe_utilization[r.strategy] for r in audits if r.strategy in st.safe_utilization}
+        reports.append(Report(deployment=st.deployment, audits=audits, meter=meter.name,
+                              meter_device=meter.describe(), vllm_version=saved.vllm_version,
+                              skipped=tuple(skipped), capacity=caps, safe_utilization=safe))
+    render_reports(reports, Format(a.fmt), Detail(a.detail))
+    write_pages(a, reports)
+    return max(rep.exit_code for rep in reports)
+
+
+def _deployment_options_given(a: Any) -> str | None:
+    """The first model or deployment option given with ``--plan`` (a saved plan fixes them all)."""
+    for o in (*MODEL_OPTIONS, *DEPLOYMENT_OPTIONS):
+        if o.name not in ("vllm_python", "pp_rank") and getattr(a, o.name, o.default) != o.default:
+            return o.decls[0].split("/")[0]
+    return None

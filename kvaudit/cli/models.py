@@ -1,0 +1,37 @@
+"""``kvaudit models``: the shipped presets with the layer mix vLLM's own model code registers for each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvaudit.cli.options import NAMES
+from kvaudit.errors import ConfigError
+from kvaudit.model.deployment import PRESETS
+
+NAME = "models"
+OPTIONS = (NAMES,)
+HELP = "List the shipped presets with their layer mix (as vLLM's model code builds it)."
+DESCRIPTION = "List the presets: title, architecture, layer mix per kind, deployment, config."
+
+
+def run(a: Any) -> int:
+    """List the presets with the layer mix vLLM's own model code registers for each."""
+    from kvaudit.model.deployment import load_preset_spec
+    from kvaudit.plan.planner import layer_mix, make_deployment
+
+    rows = []
+    for name, p in PRESETS.items():
+        if a.names and name not in a.names:
+            continue
+        spec = load_preset_spec(p)
+        try:  # the layer mix needs vLLM's model for the rank, not a KV budget (kimi-k2 has none at 0.9): one given
+            d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9,
+                                device=p.device, kv_cache_memory_bytes=1 << 30)
+            architecture, mix, why = d.architecture, layer_mix(d), ""
+        except ConfigError as e:  # a model this vLLM cannot build here: its row says why, the others still list
+            architecture, mix, why = spec.architecture or "?", "—", f"  (not built here: {e.message})"
+        rows.append((name, p.title, architecture, mix, f"TP {p.tp}, {p.device}", p.config, why))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}{r[6]}")
+    return 0

@@ -1,0 +1,34 @@
+"""``kvaudit triage REPORT``: a pasted out-of-memory report read, its deployment audited, a report to paste back."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from kvaudit.cli.options import TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT, REPORT
+from kvaudit.cli.output import note
+from kvaudit.errors import MissingDependency, UsageError
+
+NAME = "triage"
+OPTIONS = (REPORT, TRIAGE_CONFIG, TITLE, TOLERANCE, TRIAGE_FORMAT)
+HELP = "From a pasted OOM report to a root-cause report."
+DESCRIPTION = ("Read a pasted vLLM / vllm-ascend report (logs, traceback, smi tables, versions), reconstruct "
+               "the deployment, audit the reported release's allocator and the fixed one, and write a report "
+               "to paste into the issue.")
+
+
+def run(a: Any) -> int:
+    """Triage a pasted report; the report goes to stdout, the verdict line to stderr."""
+    from kvaudit.triage.conclude import triage
+    from kvaudit.triage.evidence import read_report
+
+    if not 0.0 <= a.tolerance < 1.0:
+        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    t = triage(read_report(a.report), a.config, a.title, a.tolerance)
+    sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
+    sys.stdout.flush()
+    note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))
+    if t.not_audited:
+        note(f"kvaudit: the audit step did not run: {t.not_audited}")
+        return MissingDependency.exit_code
+    return 0

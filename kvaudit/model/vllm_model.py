@@ -1,0 +1,588 @@
+"""vLLM's own model, built on the ``meta`` device: the layers it registers, their KV-cache specs, its weights.
+
+The model runner asks every attention-like layer of the built model for ``get_kv_cache_spec``
+(``vllm/v1/worker/gpu/attn_utils.py``); kvaudit does the same on a model that vLLM's own
+``initialize_model`` builds from the config with no weights and no device. Layer names, spec
+classes (full, sliding-window, MLA, sparse indexer, Mamba / GDN state), heads per rank and the
+weight bytes per rank (quantized layers included) are therefore vLLM's own.
+
+Building on a host with no accelerator needs stand-ins for the few places where vLLM asks the
+platform which kernel to run. Each stand-in answers as vLLM does on a CUDA Hopper GPU (compute
+capability 9.0; FlashAttention 3 with sinks and fp8 KV cache, FlashMLA, Triton MoE, Humming for the
+int4 / NVFP4 / DeepSeek-V4 MXFP4 MoE oracles, the linear-kernel tables CUDA lists, no SM100-only fused
+GEMM, CUDA streams a model only holds); none of them changes a parameter shape or a KV-cache spec. They
+are applied only while a model is built or asked for its specs, and undone afterwards.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import copy
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from kvaudit.errors import ConfigError, KvauditError, first_line
+
+
+MXFP4_BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("MXFP4_BACKEND", default="TRITON")
+"""The MXFP4 MoE kernel vLLM picks for the deployment's device and release (``kvaudit.plan.planner.mxfp4_backend``):
+vLLM rounds the expert sizes up for it while it builds the layers (``maybe_roundup_sizes``), so the weights
+built here are the ones that kernel holds after loading."""
+
+
+@dataclass
+class BuiltModel:
+    """A model vLLM built on ``meta`` for one deployment rank, and what the runner reads from it."""
+
+    vllm_config: Any = field(repr=False)
+    """The ``VllmConfig`` it was built under; its static forward context holds the layers."""
+    architecture: str
+    weights_bytes: int
+    """Bytes of every parameter and buffer on this rank (each storage once)."""
+    _tp: int = 1
+    _pp: int = 1
+    _pp_rank: int = 0
+
+    def kv_cache_specs(self, vllm_config: Any | None = None) -> dict[str, Any]:
+        """``{layer name: KVCacheSpec}`` as the model runner's ``get_kv_cache_spec`` returns them, for
+        the cache settings of ``vllm_config`` (a copy of the build config with its own cache config)."""
+        vc = vllm_config or self.vllm_config
+        v = _modules()
+        try:
+            with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank), \
+                    v.config.set_current_vllm_config(vc):
+                return dict(v.attn_utils.get_kv_cache_spec(vc))
+        except (KvauditError, MemoryError):
+            raise
+        except Exception as e:  # vLLM's layers on the user's config
+            raise ConfigError(f"vLLM's {self.architecture} could not give its KV-cache specs for this deployment: "
+                              f"{type(e).__name__}: {first_line(e, 300)}") from None
+
+
+class _Modules:
+    """The vLLM modules the build uses, imported once."""
+
+    def __init__(self) -> None:
+        declare_torchvision_ops()
+        self.torch = importlib.import_module("torch")
+        self.config = importlib.import_module("vllm.config")
+        self.ps = importlib.import_module("vllm.distributed.parallel_state")
+        self.loader = importlib.import_module("vllm.model_executor.model_loader.utils")
+        self.torch_utils = importlib.import_module("vllm.utils.torch_utils")
+        self.platforms = importlib.import_module("vllm.platforms")
+        self.backends = importlib.import_module("vllm.v1.attention.backends.registry")
+        self.attn_utils = importlib.import_module("vllm.v1.worker.gpu.attn_utils")
+        self.registry = importlib.import_module("vllm.model_executor.models.registry")
+
+
+_MODULES: _Modules | None = None
+
+
+def _modules() -> _Modules:
+    global _MODULES
+    if _MODULES is None:
+        _MODULES = _Modules()
+    return _MODULES
+
+
+def declare_torchvision_ops() -> None:
+    """Let a torchvision whose C++ extension cannot load (a CUDA wheel beside a CPU torch) import.
+
+    vLLM's multimodal model files (Qwen3.5, Gemma 3) import transformers' image processors, which
+    import torchvision. torchvision registers fake kernels for ``torchvision::nms`` and ``::qnms``
+    at import, and that fails when its extension did not define them. On the first import of
+    torchvision (a meta-path hook, so models that never import it pay nothing), kvaudit loads the
+    extension itself; only when that fails does it declare the two schemas, which lets torchvision's
+    Python part import. The ops stay unimplemented; nothing kvaudit runs calls them.
+    """
+    if "torchvision" in sys.modules or any(isinstance(f, _TorchvisionHook) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _TorchvisionHook())
+
+
+class _TorchvisionHook:
+    """A meta-path finder that acts once, on the first ``import torchvision``, and finds nothing itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name != "torchvision":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        import glob
+        import os
+
+        import torch
+
+        libs = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so"))
+        try:
+            for lib in libs:
+                torch.ops.load_library(lib)
+            if libs:
+                return None
+        except (OSError, RuntimeError):
+            pass
+        global _TORCHVISION_LIB
+        _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
+        for op in ("nms", "qnms"):
+            _TORCHVISION_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        return None
+
+
+_TORCHVISION_LIB: Any = None
+
+
+# --- stand-ins for the platform's kernel choices ------------------------------------------------
+
+
+def _hopper_attention_backend(v: _Modules) -> Callable[..., str]:
+    """What vLLM's CUDA platform picks on a Hopper GPU: FlashAttention (3, sinks included),
+    FlashMLA for MLA, FlashMLA-sparse for DeepSeek-V3.2's sparse attention."""
+    e = v.backends.AttentionBackendEnum
+
+    def pick(selected_backend: Any, attn_selector_config: Any, num_heads: Any = None) -> str:
+        if selected_backend is not None:
+            return selected_backend.get_path()
+        c = attn_selector_config
+        if c.use_mla:
+            return (e.FLASHMLA_SPARSE if c.use_sparse else e.FLASHMLA).get_path()
+        return e.FLASH_ATTN.get_path()
+
+    return pick
+
+
+def _hopper() -> Any:
+    from vllm.platforms.interface import DeviceCapability
+
+    return DeviceCapability(major=9, minor=0)
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    missing = object()
+    if isinstance(obj, dict):  # an entry of a mapping (sys.modules)
+        old = obj.get(name, missing)
+        obj[name] = value
+        try:
+            yield
+        finally:
+            if old is missing:
+                obj.pop(name, None)
+            else:
+                obj[name] = old
+        return
+    old = obj.__dict__.get(name, missing) if isinstance(obj, type) else getattr(obj, name, missing)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, old)
+
+
+def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
+    torch = v.torch
+    platform_cls = type(v.platforms.current_platform)
+    out: list[tuple[Any, str, Any]] = []
+    if platform_cls.__name__ == "UnspecifiedPlatform":
+        out += [
+            (platform_cls, "get_attn_backend_cls", staticmethod(_hopper_attention_backend(v))),
+            (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
+            (platform_cls, "device_type", "meta"),
+            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _hopper())),
+        ]
+        prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
+        if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
+            out.append((platform_cls, "get_mla_prefill_backend_cls",
+                        staticmethod(lambda *_a, **_k: prefill.MLAPrefillBackendEnum.CPU.get_class())))
+    supported = lambda *_a, **_k: (True, None)  # noqa: E731
+    fa = _optional("vllm.v1.attention.backends.flash_attn")
+    if fa is not None:  # FlashAttention 3 on Hopper: sinks and fp8 KV cache (unbound where its import failed)
+        out.append((fa, "flash_attn_supports_sinks", lambda: True))
+        if hasattr(fa, "flash_attn_supports_kv_cache_dtype"):
+            out.append((fa, "flash_attn_supports_kv_cache_dtype", lambda *_a, **_k: True))
+    for mod, name, value in (
+        ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", supported),
+        ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_sparse_supported", supported),
+        ("vllm.v1.attention.ops.flashmla", "is_flashmla_dense_supported", supported),
+        ("vllm.v1.attention.ops.flashmla", "is_flashmla_sparse_supported", supported),
+    ):
+        m = _optional(mod)
+        if m is not None and hasattr(m, name):
+            out.append((m, name, value))
+    moe = _optional("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method")
+    oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.unquantized")
+    if moe is not None and oracle is not None and hasattr(moe, "select_unquantized_moe_backend"):
+        triton = oracle.UnquantizedMoeBackend.TRITON
+        out.append((moe, "select_unquantized_moe_backend", lambda *_a, **_k: (triton, None)))
+    for name in ("vllm.model_executor.layers.fused_moe.config", "vllm.model_executor.layers.fused_moe.layer"):
+        # FusedMoEConfig.__post_init__ (fused_moe/config.py; FusedMoE.__init__ in fused_moe/layer.py before it)
+        # refuses a non-gated MoE (Nemotron-3-Nano's relu2 experts: is_act_and_mul=False) unless
+        # current_platform.is_cuda_alike(). That check is the only is_cuda_alike() in either module; the module
+        # sees a platform that answers it as CUDA does and is the real platform otherwise. The expert weights
+        # are sized by the activation (one up shard instead of gate+up), not by the platform.
+        m = _optional(name)
+        if m is not None and hasattr(m, "current_platform"):
+            out.append((m, "current_platform", _PlatformAnswering(m.current_platform, is_cuda_alike=True)))
+    mx = _optional("vllm.model_executor.layers.quantization.mxfp4")
+    mx_oracle = _optional("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
+    if mx is not None and mx_oracle is not None and hasattr(mx, "select_mxfp4_moe_backend"):
+        backends = mx_oracle.Mxfp4MoeBackend
+        out.append((mx, "select_mxfp4_moe_backend", lambda *_a, **_k: (getattr(backends, MXFP4_BACKEND.get()), None)))
+    out += _quantized_moe_stand_ins()
+    kernels = _optional("vllm.model_executor.kernels.linear")
+    if kernels is not None:  # the linear-kernel tables: what they list for CUDA
+        from vllm.platforms.interface import PlatformEnum
+
+        for name, table in vars(kernels).items():
+            if name.startswith("_POSSIBLE_") and isinstance(table, dict) and PlatformEnum.CUDA in table:
+                out.append((kernels, name, {**table, PlatformEnum.UNSPECIFIED: table[PlatformEnum.CUDA]}))
+    if kernels is not None and hasattr(kernels, "choose_scaled_mm_linear_kernel"):
+        out.append((kernels, "choose_scaled_mm_linear_kernel", _cuda_kernel_choice(kernels.choose_scaled_mm_linear_kernel)))
+    if kernels is not None and hasattr(kernels, "choose_mp_linear_kernel") and hasattr(kernels, "_POSSIBLE_KERNELS"):
+        out.append((kernels, "choose_mp_linear_kernel", _cuda_mp_kernel_choice(kernels.choose_mp_linear_kernel,
+                                                                              kernels._POSSIBLE_KERNELS)))
+    act = _optional("vllm.model_executor.layers.activation")
+    if act is not None and hasattr(act, "GeluAndMulSparse"):
+        # vllm/model_executor/layers/activation.py GeluAndMulSparse.__init__ (Gemma 3n's sparse MLP activation)
+        # computes its threshold with a scalar tensor and .item(): under the build's default device that tensor
+        # is on meta and .item() fails. On a GPU it is computed on the device and read back; the constructor,
+        # run on the CPU, stores the same Python float. The op holds no parameter or buffer.
+        cls = act.GeluAndMulSparse
+        out.append((cls, "__init__", _on_cpu(cls.__init__)))
+    gemm_rs_ar = "vllm.model_executor.kernels.linear.cute_dsl.gemm_rs_ar"
+    if _absent("cutlass") and gemm_rs_ar not in sys.modules:
+        # vllm/model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py maybe_init_gemm_rs_ar, which Kimi-Linear /
+        # Kimi-K3 (vllm/models/kimi_k3/nvidia/model.py) and DeepSeek-V4.1 import as they build, to decide
+        # whether row-parallel projections use the fused GEMM + reduce-scatter/all-reduce kernel. The module
+        # imports the CUTLASS DSL (nvidia-cutlass-dsl[cu13], some 95 MB of CUDA-only wheels) and cuda-python at
+        # its top, to compile that kernel; the kernel is SM100-only, so on Hopper the function answers False
+        # ("the device is not SM100-family"). While a model is built the module is this stand-in holding only
+        # that function (any other name fails to import, as the real module does here); the projections'
+        # weights are the same either way.
+        out.append((sys.modules, gemm_rs_ar, _module(gemm_rs_ar, maybe_init_gemm_rs_ar=lambda *_a, **_k: False)))
+    out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
+    if not torch.cuda.is_available():
+        # torch.cuda.Stream() / torch.cuda.Event() where a model builds its side streams for overlapping kernels
+        # (vllm/models/kimi_k3/nvidia/model.py KimiLinearModel.__init__, its MLA / KDA layers; DeepSeek-V4 and
+        # V4.1 likewise): a CPU build of torch refuses to make them. While a model is built they are
+        # placeholders that are still instances of torch's classes; they are only held, never used, and hold
+        # no tensor.
+        stream, event = _placeholder_cuda_types(torch)
+        out += [(torch.cuda, "Stream", stream), (torch.cuda, "Event", event)]
+    if not torch.accelerator.is_available():  # the runner's workspace empties the device cache as it grows
+        out.append((torch.accelerator, "empty_cache", lambda: None))
+    return out
+
+
+_MOE_EXPERTS = "vllm.model_executor.layers.fused_moe.experts"
+
+
+def _quantized_moe_stand_ins() -> list[tuple[Any, str, Any]]:
+    """The quantized-MoE oracles' questions, answered as on Hopper.
+
+    vLLM's WNA16, NVFP4 and DeepSeek-V4 MXFP4 oracles (``fused_moe/oracle/int_wna16.py``
+    ``select_wna16_moe_backend``: compressed-tensors int4, Kimi-K2.5; ``oracle/nvfp4.py``
+    ``select_nvfp4_moe_backend``: ModelOpt NVFP4, MiniMax-M3-NVFP4; ``oracle/mxfp4.py``
+    ``select_deepseek_v4_mxfp4_moe_backend``: Kimi-K3, DeepSeek-V4) walk a priority list and take the first
+    backend whose kernel class passes ``is_supported_config``, which starts with ``_supports_current_device``.
+    On Hopper every backend ahead of Humming / Marlin in those lists is refused by capability (FlashInfer
+    TRT-LLM, CuTe-DSL, CUTLASS FP4, DeepGEMM FP4: SM100/SM120 only; FlashInfer CUTLASS: NVFP4 only on 10.0+;
+    RDNA3: ROCm gfx1100), as they are here, so only the questions Humming's and Marlin's kernels ask are
+    answered: ``is_cuda()`` (their capability checks already read ``get_device_capability``, which answers
+    9.0), whether the ``humming`` package is installed, and ``prioritize_humming``'s ``prefers_humming``
+    (Humming ahead of Marlin at capability 90). With vLLM 0.33 that picks HUMMING for all three, as an
+    H100/H200 does; releases whose lists have no Humming entry there (0.23's WNA16) pick MARLIN.
+
+    No parameter shape changes: the quant methods' ``create_weights`` size the expert parameters from the
+    layer alone (``CompressedTensorsWNA16MoEMethod``, ``ModelOptNvFp4FusedMoE``; the latter's global-scale
+    sizing ``is_global_sf_supported_for_nvfp4_backend`` is FlashInfer-only, false for Humming and Marlin
+    alike), and both kernels repack in ``process_weights_after_loading``, which kvaudit never runs. The
+    DeepSeek-V4 ``Mxfp4MoEMethod.maybe_roundup_sizes`` does pad by backend
+    (``mxfp4_round_up_hidden_size_and_intermediate_size``: Marlin intermediate to 128 and hidden to 256,
+    Humming intermediate to 64), which is why the backend chosen is Hopper's own and not just any.
+    """
+    out: list[tuple[Any, str, Any]] = []
+    priority = _optional("vllm.model_executor.layers.quantization.utils.humming.priority")
+    if priority is not None and hasattr(priority, "prefers_humming"):
+        # vllm/model_executor/layers/quantization/utils/humming/priority.py prefers_humming: with no capability
+        # given it asks current_platform.is_cuda() and the device's capability; answered for 9.0.
+        prefers = priority.prefers_humming
+        out.append((priority, "prefers_humming", lambda compute_capability=None: prefers(
+            _hopper().to_int() if compute_capability is None else compute_capability)))
+    for name in ("marlin_moe", "fused_humming_moe"):
+        # MarlinExpertsBase / HummingExpertsBase._supports_current_device: is_cuda() and capability >= 7.5. The
+        # module's other platform questions (fp8_dtype, and is_cuda() in Humming's apply) pass through.
+        m = _optional(f"{_MOE_EXPERTS}.{name}")
+        if m is not None and hasattr(m, "current_platform"):
+            out.append((m, "current_platform", _PlatformAnswering(m.current_platform, is_cuda=True)))
+    humming = _optional(f"{_MOE_EXPERTS}.fused_humming_moe")
+    if humming is not None and hasattr(humming, "has_humming") and _vllm_requires("humming"):
+        # HummingExpertsBase._supports_current_device also asks has_humming() (vllm/utils/import_utils.py):
+        # the humming-kernels wheel the installed vLLM requires on CUDA (0.33.0: humming-kernels[cu13]), which a
+        # lean CPU install leaves out.
+        out.append((humming, "has_humming", lambda: True))
+        lazy = _optional("vllm.utils.humming")
+        if _absent("humming") and lazy is not None and "_EXPORTS" in vars(lazy) \
+                and "GemmType" in vars(lazy)["_EXPORTS"] and "GemmType" not in vars(lazy):
+            # HummingExpertsBase.is_supported_config then keeps the Humming class whose humming_gemm_type()
+            # (.value.lower()) is get_humming_moe_gemm_type's choice ("indexed", or "grouped_contiguous" under
+            # expert parallelism), reading GemmType from vllm/utils/humming.py, which imports it lazily from the
+            # humming package. While a model builds that name is an enum of the three members vLLM's classes
+            # return, spelled as vLLM compares them; nothing else of humming is reached before loading.
+            import enum
+
+            gemm_type = enum.Enum("GemmType", {"INDEXED": "indexed", "GROUPED_CONTIGUOUS": "grouped_contiguous",
+                                               "GROUPED_MASKED": "grouped_masked"}, module=__name__)
+            out.append((vars(lazy), "GemmType", gemm_type))
+    return out
+
+
+def _vllm_requires(package: str) -> bool:
+    """Whether the installed vLLM distribution requires ``package`` (or a ``package-…`` wheel providing it),
+    outside its extras."""
+    import importlib.metadata
+    import re
+
+    try:
+        requires = importlib.metadata.requires("vllm") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    names = [re.match(r"[A-Za-z0-9._-]*", r).group(0).lower() for r in requires if "extra ==" not in r]
+    return any(n == package or n.startswith(package + "-") for n in names)
+
+
+class _PlatformAnswering:
+    """The current platform, except for the named yes/no questions, answered as CUDA on Hopper does."""
+
+    def __init__(self, platform: Any, **answers: bool) -> None:
+        self._platform = platform
+        for name, answer in answers.items():
+            setattr(self, name, lambda answer=answer: answer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+
+def _on_cpu(init: Callable[..., None]) -> Callable[..., None]:
+    """A constructor run with the CPU as the default device (for scalar work a constructor reads back)."""
+    def run(self: Any, *args: Any, **kwargs: Any) -> None:
+        import torch
+
+        with torch.device("cpu"):
+            init(self, *args, **kwargs)
+    return run
+
+
+def _cuda_kernel_choice(choose: Callable[..., Any]) -> Callable[..., Any]:
+    """Scaled-mm kernel choice: the platform's own answer, else the first kernel CUDA lists."""
+    def pick(config: Any, possible_kernels: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return choose(config, possible_kernels, *args, **kwargs)
+        except ValueError:
+            from vllm.platforms.interface import PlatformEnum
+
+            return _supported_here(possible_kernels[PlatformEnum.CUDA][0])
+    return pick
+
+
+def _supported_here(kernel: type) -> type:
+    """The CUDA kernel class, reporting itself supported (its constructor asserts that) on this host."""
+    return type(kernel.__name__, (kernel,), {"is_supported": classmethod(lambda cls, *_a, **_k: (True, None))})
+
+
+def _cuda_mp_kernel_choice(choose: Callable[..., Any], table: dict) -> Callable[..., Any]:
+    """Mixed-precision (GPTQ/AWQ-style) kernel choice: the platform's answer, else the first kernel CUDA
+    lists (these kernels repack weights after loading; the parameters are created by the quant method)."""
+    def pick(config: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return choose(config, *args, **kwargs)
+        except ValueError:
+            from vllm.platforms.interface import PlatformEnum
+
+            return table[PlatformEnum.CUDA][0]
+    return pick
+
+
+def _placeholder_cuda_types(torch: Any) -> tuple[type, type]:
+    """Subclasses of ``torch.cuda.Stream`` and ``torch.cuda.Event`` whose instances need no CUDA."""
+    def placeholder(base: type) -> type:
+        return type(base.__name__, (base,), {
+            "__new__": lambda cls, *_a, **_k: object.__new__(cls),
+            "__init__": lambda self, *_a, **_k: None,
+            "__repr__": lambda self: f"<kvaudit placeholder torch.cuda.{base.__name__}>",
+            "__module__": __name__,
+        })
+    return placeholder(torch.cuda.Stream), placeholder(torch.cuda.Event)
+
+
+def _absent(name: str) -> bool:
+    """Whether module ``name`` cannot be found (its parent packages are imported to look)."""
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _module(name: str, **attrs: Any) -> Any:
+    """A stand-in module holding only ``attrs``."""
+    import types
+
+    m = types.ModuleType(name, "kvaudit stand-in (kvaudit/model/vllm_model.py)")
+    vars(m).update(attrs)
+    return m
+
+
+def _optional(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a module this vLLM does not have, or cannot import here
+        return None
+
+
+_STAND_INS: list[tuple[Any, str, Any]] | None = None
+
+
+def stand_ins() -> contextlib.AbstractContextManager[None]:
+    """The stand-ins, for code outside this module that makes vLLM inspect a model (``ModelConfig``)."""
+    return _stand_ins(_modules())
+
+
+@contextlib.contextmanager
+def _stand_ins(v: _Modules) -> Iterator[None]:
+    global _STAND_INS
+    if _STAND_INS is None:
+        _STAND_INS = _stand_in_list(v)
+    with contextlib.ExitStack() as stack:
+        for obj, name, value in _STAND_INS:
+            stack.enter_context(_patched(obj, name, value))
+        yield
+
+
+# --- parallel groups ------------------------------------------------------------------------------
+
+
+def _init_distributed(v: _Modules, vc: Any) -> None:
+    """One single-process gloo group, as vLLM's own CPU tests set up; TP and PP ranks are views.
+    The model runner's scratch workspace (read by DeepSeek-V3.2's indexer) lives on ``meta``."""
+    ps = v.ps
+    if ps.model_parallel_is_initialized():
+        return
+    workspace = _optional("vllm.v1.worker.workspace")
+    if workspace is not None and hasattr(workspace, "init_workspace_manager"):
+        workspace.init_workspace_manager(v.torch.device("meta"))
+    # vLLM silences gloo's C-level prints by dup2-ing the fd of sys.stdout: give it a real one
+    store = tempfile.mkdtemp(prefix="kvaudit-dist-")  # gloo's file store; removed by remove_temp_files
+    _TEMP_DIRS.append(store)
+    atexit.register(remove_temp_files)
+    with v.config.set_current_vllm_config(vc), contextlib.redirect_stdout(sys.__stderr__):
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"file://{os.path.join(store, 'store')}")
+        ps.initialize_model_parallel(1, 1)
+
+
+_TEMP_DIRS: list[str] = []
+
+
+def remove_temp_files() -> None:
+    """Remove the folder of the gloo group's file store (``kvaudit.plan.planner.remove_temp_dirs`` calls this before
+    the CLI ends its process; at exit otherwise)."""
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int) -> Iterator[None]:
+    """Rank 0 of a TP group of ``tp`` and rank ``pp_rank`` of a PP group of ``pp``, as the model code
+    reads them (``world_size``, ``rank_in_group``, first/last rank); no collective is ever run."""
+    ps = v.ps
+    tp_view = copy.copy(ps._TP)
+    tp_view.world_size, tp_view.rank_in_group, tp_view.ranks = tp, 0, list(range(tp))
+    pp_view = copy.copy(ps._PP)
+    pp_view.world_size, pp_view.rank_in_group, pp_view.ranks, pp_view.rank = pp, pp_rank, list(range(pp)), pp_rank
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(ps, "_TP", tp_view))
+        stack.enter_context(_patched(ps, "_PP", pp_view))
+        if getattr(ps, "_EP", 0) is None:  # made only when the first model built was an MoE
+            stack.enter_context(_patched(ps, "_EP", copy.copy(ps._WORLD)))
+        yield
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+_BUILT: dict[str, BuiltModel] = {}
+
+
+def built_model(key: str) -> BuiltModel | None:
+    """The model built under ``key`` in this process, if any."""
+    return _BUILT.get(key)
+
+
+def remember(key: str, built: BuiltModel) -> None:
+    """File a build under another key too (the same options, as vLLM resolved them)."""
+    _BUILT.setdefault(key, built)
+
+
+def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
+    """Build the model of ``vc`` on ``meta`` and file it under ``key`` (``built_model`` finds it);
+    vLLM's refusal is a ConfigError."""
+    v = _modules()
+    pc = vc.parallel_config
+    tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
+    _init_distributed(v, vc)
+    torch = v.torch
+    arch = vc.model_config.architecture
+    try:
+        with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank), v.config.set_current_vllm_config(vc), \
+                torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
+            models = [v.loader.initialize_model(vllm_config=vc)]
+            models += _draft_model(v, vc)
+    except (KvauditError, MemoryError):
+        raise
+    except Exception as e:  # vLLM's model code on the user's config (a ZeroDivisionError on odd sizes, too)
+        raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
+                          f"{first_line(e, 300)}") from None
+    built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),
+                       _tp=tp, _pp=pp, _pp_rank=pp_rank)
+    _BUILT[key] = built
+    return built
+
+
+def _draft_model(v: _Modules, vc: Any) -> list[Any]:
+    """MTP / EAGLE drafters: vLLM builds the draft model into the same forward context (its layers
+    get KV cache too, marked ``is_draft``). Its weights count as built: the embedding and LM head
+    that vLLM's proposer shares with the target after loading are counted twice."""
+    spec = vc.speculative_config
+    if spec is None or spec.draft_model_config is None:
+        return []
+    return [v.loader.initialize_model(vllm_config=vc, model_config=spec.draft_model_config)]
+
+
+def _storage_bytes(models: list[Any]) -> int:
+    """Bytes of the models' parameters and buffers, each storage once (tied weights, views)."""
+    seen: dict[int, int] = {}
+    for model in models:
+        for t in list(model.parameters()) + list(model.buffers()):
+            st = t.untyped_storage()
+            seen[st._cdata] = st.nbytes()
+    return sum(seen.values())
+
+
+def cache_key(*parts: Any) -> str:
+    """A stable key for a build: every option that can change a parameter or a layer."""
+    return json.dumps(parts, sort_keys=True, default=str)

@@ -1,0 +1,7 @@
+"""On top, triage: a pasted report read by vLLM's own formats and parsers (``evidence``, over ``lines``,
+``loglines``, ``commands``, ``failures`` and ``changes``), then concluded: the deployment reconstructed, the
+reported release's allocator and the fixed one audited, a report to paste back (``conclude``).
+
+Imports the stages below it; never ``ci`` or ``cli``."""
+
+__all__ = ["conclude", "evidence"]
