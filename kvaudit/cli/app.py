@@ -33,8 +33,8 @@ DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs 
                "and group, with a verdict. Exit codes: "
                + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + ".")
 
-
-COMMANDS = ("audit", "plan", "check", "compare", "models", "triage", "history", "meters")
+COMMANDS = tuple(c.NAME for c in (audit, plan, check, compare, models, triage, history, meters))
+"""The command names, as error messages list them."""
 
 
 def build_app() -> typer.Typer:
@@ -69,7 +69,7 @@ def _command(app: typer.Typer, command: Any) -> None:
 
 
 def _register(app: typer.Typer, name: str, body: Callable[[Any], int], options: tuple[Opt, ...], help: str,
-             panel: str = "Commands", fixed: dict | None = None, description: str | None = None) -> None:
+              panel: str = "Commands", fixed: dict | None = None, description: str | None = None) -> None:
     """Register ``body(namespace) -> exit code`` as command ``name`` taking ``options`` (``fixed``: values
     the command sets itself, as a preset's name)."""
 
@@ -108,7 +108,6 @@ def _click_command() -> Any:
     return typer.main.get_command(build_app())
 
 
-
 def _click_exceptions() -> Any:
     """The click exceptions typer raises: its vendored click (typer 0.2x+), else click itself."""
     try:
@@ -116,7 +115,6 @@ def _click_exceptions() -> Any:
     except ImportError:  # typer releases that depend on click
         from click import exceptions  # type: ignore[no-redef]
     return exceptions
-
 
 
 def _invoke(argv: list[str]) -> int:
@@ -140,13 +138,11 @@ def _invoke(argv: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-
 def _print_help_to_stderr() -> None:
     import contextlib
 
     with contextlib.redirect_stdout(sys.stderr):
         _invoke(["--help"])
-
 
 
 def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
@@ -184,7 +180,6 @@ def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
     sys.stdout.flush()
     sys.stderr.flush()
     return subprocess.run([str(exe), "-m", "kvaudit", *rest], env=env).returncode
-
 
 
 class _PipeGuard:
@@ -227,11 +222,9 @@ class _PipeGuard:
         return getattr(self._stream, name)
 
 
-
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
 
 
 def _interrupted(e: BaseException | None) -> bool:
@@ -244,7 +237,6 @@ def _interrupted(e: BaseException | None) -> bool:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
-
 
 
 def _failure(e: BaseException) -> tuple[int, str]:
@@ -268,12 +260,10 @@ def _failure(e: BaseException) -> tuple[int, str]:
                       f"(exit {EXIT_BUG})")
 
 
-
 def _wants_json(argv: list[str]) -> bool:
     """Whether the command line asks for JSON (``--format json`` or ``--format=json``), read as given: the error
     may be in the parsing itself."""
     return any(a == "--format=json" or a == "--format" and argv[i + 1:i + 2] == ["json"] for i, a in enumerate(argv))
-
 
 
 def error_json(code: int, line: str) -> str:
@@ -283,7 +273,6 @@ def error_json(code: int, line: str) -> str:
     message = line.removeprefix("kvaudit: ").removeprefix("error: ")
     return json.dumps({"schema_version": 1, "kvaudit_version": __version__, "error": message, "exit_code": code,
                        "exit_reason": EXIT_CODES[code]})
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = streams
 
 
-
 def _main(argv: list[str], debug: bool) -> int:
     code = _elsewhere(argv or [], debug)
     if code is not None:
@@ -323,7 +311,6 @@ def _main(argv: list[str], debug: bool) -> int:
         _print_help_to_stderr()
         return EXIT_BAD_INPUT
     return _invoke(_with_model_named(argv))
-
 
 
 def _with_model_named(argv: list[str]) -> list[str]:
@@ -344,7 +331,6 @@ def _with_model_named(argv: list[str]) -> list[str]:
         return ["audit", "--model", *argv]
     raise UsageError(f"unknown preset or command {first!r}, and no such file (presets: {', '.join(PRESETS)}; "
                      f"commands: {', '.join(COMMANDS)}; or a Hub id org/name, a model folder, a config.json)")
-
 
 
 def run() -> None:
