@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from kvaudit.errors import NotAuditable
+from kvaudit.errors import NotAuditable, UsageError
 from kvaudit.units import fmt_bytes
 
 
@@ -19,6 +19,17 @@ class Verdict(str, Enum):
 
 DEFAULT_TOLERANCE = 0.005
 """Relative tolerance: 0.5 % of the planned bytes (``--tolerance``), for every command."""
+
+
+def valid_tolerance(tolerance: float) -> bool:
+    """Whether a relative tolerance on the planned bytes is one kvaudit takes: a fraction in [0, 1)."""
+    return 0.0 <= tolerance < 1.0
+
+
+def check_tolerance(tolerance: float) -> None:
+    """``--tolerance`` outside [0, 1) is bad input (exit 2)."""
+    if not valid_tolerance(tolerance):
+        raise UsageError(f"--tolerance must be in [0, 1), got {tolerance}")
 
 
 def tolerance_bytes(expected: int, tolerance: float, allowance: int | float = 0) -> int:

@@ -367,3 +367,20 @@ def test_models_lists_a_preset_that_has_no_kv_budget_at_the_default_util(capsys,
     assert "32 full attention" in llama
     # vLLM 0.23's CPU install has no MLA prefill backend: the row says so, the listing goes on
     assert "61 MLA" in kimi or "(not built here: vLLM could not build DeepseekV3ForCausalLM" in kimi, kimi
+
+
+@pytest.mark.parametrize("tolerance", ["1", "1.5", "-0.01", "nan"])
+@pytest.mark.parametrize("command", [["qwen3-next"], ["audit", "--preset", "llama-3.1-8b"],
+                                     ["compare", "old.json", "new.json"], ["triage", "report.log"]])
+def test_a_tolerance_outside_0_to_1_is_bad_input_in_every_command_before_any_work(capsys, command, tolerance):
+    """One rule (``kvaudit.results.valid_tolerance``) for every command that takes ``--tolerance``: it is
+    checked before a model is planned or a file read (none of these files exists)."""
+    code, out, err = _run([*command, "--tolerance", tolerance], capsys)
+    assert (code, out) == (2, "") and err == f"kvaudit: error: --tolerance must be in [0, 1), got {float(tolerance)}\n"
+
+
+def test_the_tolerance_rule_takes_0_and_refuses_1():
+    from kvaudit.results import DEFAULT_TOLERANCE, valid_tolerance
+
+    assert valid_tolerance(0.0) and valid_tolerance(DEFAULT_TOLERANCE) and valid_tolerance(0.999)
+    assert not any(valid_tolerance(t) for t in (1.0, -1e-9, float("nan"), float("inf")))

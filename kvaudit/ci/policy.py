@@ -13,7 +13,7 @@ from typing import Any
 
 from kvaudit.errors import UsageError
 from kvaudit.model.options import accepts
-from kvaudit.results import DEFAULT_TOLERANCE
+from kvaudit.results import DEFAULT_TOLERANCE, valid_tolerance
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -273,7 +273,7 @@ def _check_values(table: str, index: int, settings: dict, fail: Any) -> None:
     if settings["meter"] not in ("auto", *METER_NAMES):
         raise fail(table, index, "meter", f"unknown meter '{settings['meter']}' in {where} (known: auto, "
                                           f"{', '.join(METER_NAMES)})")
-    if not 0.0 <= settings["tolerance"] < 1.0:
+    if not valid_tolerance(settings["tolerance"]):
         raise fail(table, index, "tolerance", f"'tolerance' in {where} must be in [0, 1), got {settings['tolerance']}")
     if not settings["strategies"]:
         raise fail(table, index, "strategies", f"'strategies' in {where} is an empty list")

@@ -9,6 +9,7 @@ from kvaudit.cli import deployments
 from kvaudit.cli.options import AUDIT_OPTIONS, DEPLOYMENT_OPTIONS, MODEL_OPTIONS, PLAN_FILE, Detail, Format
 from kvaudit.cli.output import check_outputs, note, render_reports, write_pages
 from kvaudit.errors import UsageError
+from kvaudit.results import check_tolerance
 
 NAME = "audit"
 OPTIONS = (*MODEL_OPTIONS, PLAN_FILE, *AUDIT_OPTIONS)
@@ -18,8 +19,7 @@ DESCRIPTION = "Audit the KV-cache allocation of a model config under each strate
 
 def run(a: Any) -> int:
     """Run the audit the options describe, render it, and return the exit code."""
-    if not 0.0 <= a.tolerance < 1.0:
-        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    check_tolerance(a.tolerance)
     check_outputs(a.html, a.svg)
     if getattr(a, "plan", None):
         return _saved_plan_audit(a)

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvaudit.cli.options import DETAIL, FORMAT, NEW, OLD, TOLERANCE, Detail, Format
 from kvaudit.cli.output import note, show
-from kvaudit.errors import UsageError
+from kvaudit.results import check_tolerance
 
 NAME = "compare"
 OPTIONS = (OLD, NEW, TOLERANCE, FORMAT, DETAIL)
@@ -21,8 +21,7 @@ def run(a: Any) -> int:
     """``kvaudit compare OLD.json NEW.json``: per group and layer deltas; exit 1 on a regression."""
     from kvaudit.report import compare
 
-    if not 0.0 <= a.tolerance < 1.0:
-        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    check_tolerance(a.tolerance)
     result = compare.compare(compare.load_report(a.old), compare.load_report(a.new), a.tolerance)
     if Format(a.fmt) is Format.json:
         sys.stdout.write(compare.to_json(result) + "\n")

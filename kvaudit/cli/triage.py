@@ -7,7 +7,8 @@ from typing import Any
 
 from kvaudit.cli.options import TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT, REPORT
 from kvaudit.cli.output import note
-from kvaudit.errors import MissingDependency, UsageError
+from kvaudit.errors import MissingDependency
+from kvaudit.results import check_tolerance
 
 NAME = "triage"
 OPTIONS = (REPORT, TRIAGE_CONFIG, TITLE, TOLERANCE, TRIAGE_FORMAT)
@@ -22,8 +23,7 @@ def run(a: Any) -> int:
     from kvaudit.triage.conclude import triage
     from kvaudit.triage.evidence import read_report
 
-    if not 0.0 <= a.tolerance < 1.0:
-        raise UsageError(f"--tolerance must be in [0, 1), got {a.tolerance}")
+    check_tolerance(a.tolerance)
     t = triage(read_report(a.report), a.config, a.title, a.tolerance)
     sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
     sys.stdout.flush()

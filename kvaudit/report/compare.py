@@ -14,7 +14,7 @@ from kvaudit.errors import EXIT_FAIL, EXIT_PASS, UsageError
 from kvaudit.jsonfile import read_json
 from kvaudit.report.render import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from kvaudit.report.render import short_layer
-from kvaudit.results import DEFAULT_TOLERANCE, Verdict, exceeds_plan, tolerance_bytes
+from kvaudit.results import DEFAULT_TOLERANCE, Verdict, check_tolerance, exceeds_plan, tolerance_bytes
 from kvaudit.units import fmt_bytes
 
 SCHEMA_VERSION = 1
@@ -397,8 +397,7 @@ def compare(old: SavedReport, new: SavedReport, tolerance: float = DEFAULT_TOLER
     or the new under-allocation the old one, or the strategy's verdict goes PASS → FAIL.
     An improvement is the reverse. Strategies, groups, layers or stages in one report only are listed as
     added or removed, never as regressions."""
-    if not 0.0 <= tolerance < 1.0:
-        raise UsageError(f"--tolerance must be in [0, 1), got {tolerance}")
+    check_tolerance(tolerance)
     olds = {_pp_rank(s, i): s for i, s in enumerate(old.stages)}
     news = {_pp_rank(s, i): s for i, s in enumerate(new.stages)}
     stages = []
