@@ -49,6 +49,21 @@ def test_module_function_plugin_is_audited(plugin_path):
     assert r.verdict is Verdict.FAIL and r.ratio == pytest.approx(2.0, rel=1e-3)
 
 
+def test_a_plugin_that_is_a_strategy_object_is_audited_as_it_is(plugin_path):
+    """The plugin API the docs name: ``from kvaudit.strategies import Strategy`` (and ``KVBudget``, ``RawTensors``)
+    are the types kvaudit's own strategies are made of."""
+    import kvaudit.plan.planner
+    import kvaudit.strategies
+    import kvaudit.strategies.strategy
+
+    assert kvaudit.strategies.Strategy is kvaudit.strategies.strategy.Strategy
+    assert kvaudit.strategies.KVBudget is kvaudit.plan.planner.KVBudget
+    assert kvaudit.strategies.RawTensors is kvaudit.strategies.strategy.RawTensors
+    s = resolve_strategy("kvaudit_testplugin:DOUBLED_STRATEGY")
+    r = _audit(s)
+    assert s.name == "test-strategy-object" and r.verdict is Verdict.FAIL and r.ratio == pytest.approx(2.0, rel=1e-3)
+
+
 def test_plugins_through_the_cli(plugin_path, capsys):
     code = main(["qwen3-next", "--util", "0.7", "-s", "test-one-buffer", "-s", "kvaudit_testplugin:doubled",
                  "--detail", "summary"])

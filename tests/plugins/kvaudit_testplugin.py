@@ -37,3 +37,15 @@ def unknown_signature(config, where, how_much):
 
 
 NOT_CALLABLE = 42
+
+
+def _as_strategy():
+    """A plugin that is a ``kvaudit.strategies.Strategy``, built with the names the strategies folder gives plugin
+    authors (``Strategy``; ``KVBudget`` for a worker's own budget rule, not used here)."""
+    from kvaudit.strategies import Strategy
+
+    return Strategy(name="test-strategy-object", title="a Strategy object", platform="cuda", releases="a test",
+                    allocate=doubled)
+
+
+DOUBLED_STRATEGY = _as_strategy()
