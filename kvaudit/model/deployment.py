@@ -17,7 +17,6 @@ from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
 
 
-
 LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
           "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
           "max_cudagraph_capture_size": 1 << 16}
