@@ -11,6 +11,8 @@ import pytest
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the suite never reaches the Hub: Hub models come from test caches
+for _width in ("COLUMNS", "LINES"):  # tables are 120 wide unless a test sets a width (xdist's workers export
+    os.environ.pop(_width, None)  # COLUMNS=80, and so may a shell)
 
 from kvaudit.model.deployment import PRESETS, load_preset_spec  # noqa: E402
 from kvaudit.plan.planner import make_deployment  # noqa: E402
