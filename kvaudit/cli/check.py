@@ -35,6 +35,6 @@ def run(a: Any) -> int:
     if a.junit:
         write(a.junit, check.to_junit(result))
     write_pages(a, list(result.reports), title=f"kvaudit check {a.policy}",
-                 lead=check.summary_line(result).removeprefix("kvaudit check: "), preface=check.render(result))
+                lead=check.summary_line(result).removeprefix("kvaudit check: "), preface=check.render(result))
     note(check.summary_line(result))
     return result.exit_code

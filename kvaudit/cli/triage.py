@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from kvaudit.cli.options import TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT, REPORT
+from kvaudit.cli.options import REPORT, TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT
 from kvaudit.cli.output import note
 from kvaudit.errors import MissingDependency
 from kvaudit.results import check_tolerance
