@@ -27,14 +27,15 @@ def run(a: Any) -> int:
     check_outputs(a.junit, a.html, a.svg)
     policy = load_policy(a.policy, tuple(STRATEGIES))
     result = check.run_policy(policy, meter=a.meter, device_index=a.device_index, progress=check.progress_to_stderr())
+    table = check.render(result)  # the terminal's, and the pages' preface
     if Format(a.fmt) is Format.json:
         sys.stdout.write(check.to_json(result) + "\n")
     else:
-        show(check.render(result))
+        show(table)
     sys.stdout.flush()
     if a.junit:
         write(a.junit, check.to_junit(result))
     write_pages(a, list(result.reports), title=f"kvaudit check {a.policy}",
-                lead=check.summary_line(result).removeprefix("kvaudit check: "), preface=check.render(result))
+                lead=check.summary_line(result).removeprefix("kvaudit check: "), preface=table)
     note(check.summary_line(result))
     return result.exit_code
