@@ -303,6 +303,8 @@ def test_a_deployment_that_served_requests_is_not_refused_for_its_max_model_len(
     assert refused.verdict == INSUFFICIENT and "max_model_len" in refused.headline.lower().replace(" ", "_")
     served = triage(base.replace("\n", "\nINFO 11-05 09:20:01 [loggers.py:123] Avg prompt throughput: 12.3 tokens/s\n", 1))
     assert served.verdict == MATCHES_PLAN and served.deployment["max model len"].value == 131072
+    # the check lifted for the deployment that ran does not carry over to the next report in this process
+    assert triage(base).verdict == INSUFFICIENT
 
 
 def test_titles_count_given_apart_or_as_the_first_line():
