@@ -46,6 +46,43 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite fixtures/golden from this run")
 
 
+each_vllm = pytest.mark.each_vllm
+"""Marks behaviour that differs between vLLM releases (planner layouts, ``KVCacheTensor`` forms, the release eras,
+the strategies run on each, vLLM's model and config code): such a test runs under every tested vLLM. Every other
+test (rendering, docs, schemas, triage reading, CLI errors, processes) runs under the primary vLLM only."""
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under a vLLM other than the primary one, a test file that marks nothing ``each_vllm`` is not even imported
+    (collecting every file there took 18 s of a 75 s suite)."""
+    if VLLM_VERSION in (PRIMARY_VLLM, None) or collection_path.suffix != ".py" or collection_path.name == "conftest.py":
+        return None
+    if collection_path.name.startswith("test_") and "each_vllm" not in collection_path.read_text():
+        return True
+    return None
+
+
+LONGEST_FIRST = ("test_properties.py", "test_releases.py", "test_triage_threads.py", "test_devices.py",
+                 "test_cli.py", "test_device_check.py", "test_wheel.py", "test_widths.py")
+"""The test files that take longest (``bench/suite.py`` prints them), run first: ``scripts/test`` hands its
+workers whole files in this order (``--no-loadscope-reorder``), so that no long file starts last and the two
+workers end together."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (``LONGEST_FIRST``). Under a vLLM other than the primary one, only the tests marked
+    ``each_vllm`` are run; the others are deselected (their behaviour does not depend on the vLLM, and the primary
+    suite runs them)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: the rest keep their order)
+    if VLLM_VERSION in (PRIMARY_VLLM, None):
+        return
+    keep = [item for item in items if item.get_closest_marker("each_vllm")]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("each_vllm")])
+        items[:] = keep
+
+
 def pytest_runtest_setup(item):
     """Tests marked ``cuda`` or ``npu`` skip themselves where that meter's probe refuses."""
     from kvaudit.measure.meters import make_meter
@@ -85,6 +122,32 @@ def plan_for(d, platform: str):
     if key not in _PLANS:
         _PLANS[key] = build_plan(d, platform)
     return _PLANS[key]
+
+
+_RELEASES: dict = {}
+
+
+def release(version: str):
+    """``vllm-ascend==version``'s strategy, resolved once per session: resolving reads the sdist, runs its build
+    code and compiles its allocation code (1-2 s), and what it makes is not changed by an audit. A test that
+    changes what resolving reads (``$SOC_VERSION``, the cache, the index) calls ``resolve_strategy`` itself."""
+    from kvaudit.strategies.resolve import resolve_strategy
+
+    if version not in _RELEASES:
+        _RELEASES[version] = resolve_strategy(f"vllm-ascend=={version}")
+    return _RELEASES[version]
+
+
+_TREES: dict = {}
+
+
+def release_tree(version: str):
+    """The source tree of ``version``'s sdist, read once per session (its archive is decompressed on first read)."""
+    from kvaudit.strategies import releases
+
+    if version not in _TREES:
+        _TREES[version] = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
+    return _TREES[version]
 
 
 class FakeMeter:
