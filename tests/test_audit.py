@@ -13,6 +13,8 @@ from kvaudit.results import Report, Verdict
 from kvaudit.strategies.builtin import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
 from conftest import FakeMeter, deployment, plan_for
 
+pytestmark = pytest.mark.fast
+
 UPSTREAM = STRATEGIES["vllm"]
 
 

@@ -8,6 +8,8 @@ import json
 import math
 import re
 
+import pytest
+
 from kvaudit.cli import main
 from kvaudit.measure.audit import dry_run
 from kvaudit.measure.utilization import highest_safe_utilization
@@ -16,7 +18,9 @@ from kvaudit.plan.capacity import capacity
 from kvaudit.plan.planner import build_plan, load_vllm
 from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.units import fmt_bytes
-from conftest import VLLM_VERSION, deployment
+from conftest import VLLM_VERSION, deployment, each_vllm
+
+pytestmark = [each_vllm, pytest.mark.fast]
 
 
 def test_capacity_is_vllms_own_figure():

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvaudit.cli import main
-from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
+from conftest import ROOT
 
 junitparser = pytest.importorskip("junitparser")
 
@@ -320,8 +320,6 @@ def test_a_config_path_is_resolved_against_the_policys_folder(tmp_path, capsys):
     assert code == 0 and doc["cells"][0]["model"] == "models/llama" and doc["cells"][0]["outcome"] == "pass"
 
 
-@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM,
-                    reason=f"the example policy's expectations are measured with vLLM {PRIMARY_VLLM}")
 def test_the_example_policy_covers_every_preset_against_the_built_ins_and_passes(tmp_path, capsys):
     from kvaudit.model.deployment import PRESETS
     from kvaudit.strategies.builtin import STRATEGIES

@@ -103,13 +103,20 @@ def test_cpu_meter_scaled_audit(capsys):
     assert [round(a["ratio"], 2) for a in doc["audits"]] == [1.0, 4.0, 2.0, 1.0]
 
 
-def test_json_stdout_is_only_json_in_a_real_process():
-    p = subprocess.run([sys.executable, "-m", "kvaudit", "qwen3-next", "--util", "0.7", "--format", "json"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 1, p.stderr
+def test_a_real_process_writes_only_json_to_stdout_and_leaves_no_temp_files(tmp_path):
+    """One process, two of its behaviours: stdout holds the JSON document alone (the notes and the verdict line go
+    to stderr), and the model folders the planner made under $TMPDIR are gone when it ends (it ends without the
+    interpreter's teardown, so kvaudit removes them itself)."""
+    env = dict(__import__("os").environ, TMPDIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "kvaudit", "llama-3.1-8b", "--meter", "meta", "--format", "json"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["exit_code"] == 1 and doc["meter"] == "meta"
-    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: FAIL")
+    assert doc["exit_code"] == 0 and doc["meter"] == "meta"
+    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: PASS")
+    # (torch's import makes its compile cache there, torchinductor_USER, unless vLLM's import in this process set
+    # TORCHINDUCTOR_CACHE_DIR first: that folder is torch's cache, meant to stay)
+    assert sorted(x.name for x in tmp_path.iterdir() if not x.name.startswith("torchinductor_")) == []
 
 
 def test_help_imports_neither_torch_nor_vllm():
@@ -311,14 +318,6 @@ def test_an_interrupt_ends_the_process_without_the_teardown_of_what_it_left_half
         assert doc["exit_code"] == 130
     else:
         assert p.stdout == ""
-
-
-def test_a_run_leaves_no_temp_files(tmp_path):
-    env = dict(__import__("os").environ, TMPDIR=str(tmp_path))
-    p = subprocess.run([sys.executable, "-m", "kvaudit", "llama-3.1-8b", "--meter", "meta", "--detail", "summary"],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
-    assert p.returncode == 0, p.stderr
-    assert sorted(x.name for x in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv", [

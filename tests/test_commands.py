@@ -11,6 +11,8 @@ from kvaudit.triage.changes import between, since_before
 from kvaudit.triage.evidence import clean_lines, extract
 from kvaudit.triage.failures import COLLECTIVE, DRIVER, HOST, UNSUPPORTED, failures
 
+pytestmark = pytest.mark.fast
+
 needs_parser = pytest.mark.skipif(commands.parser_name() is None, reason="vLLM's parser is not installed")
 
 

@@ -9,6 +9,8 @@ from kvaudit.model.deployment import DEVICES, get_preset, load_preset_spec
 from kvaudit.plan.planner import make_deployment
 from kvaudit.units import GiB, fmt_bytes, parse_size
 
+pytestmark = pytest.mark.fast
+
 
 def _qwen():
     return load_preset_spec(get_preset("qwen3-next"))

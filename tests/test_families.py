@@ -30,7 +30,9 @@ from kvaudit.measure.meters import make_meter
 from kvaudit.model.deployment import PRESETS, fixtures_dir
 from kvaudit.plan.planner import build_plan, layer_mix, model_for
 from kvaudit.strategies.builtin import STRATEGIES
-from conftest import deployment, skip_unless_planned
+from conftest import deployment, each_vllm, skip_unless_planned
+
+pytestmark = each_vllm
 
 RATIOS = {  # preset: (ascend-0.11, ascend-0.12, ascend-0.16); vllm is 1.00 everywhere
     "qwen3-next": (4.0, 2.0, 1.0), "qwen3.5-27b": (4.0, 2.0, 1.0), "qwen3.5-397b-a17b": (4.0, 2.0, 1.0),

@@ -11,6 +11,8 @@ import pytest
 from kvaudit.cli import main
 from conftest import ROOT
 
+pytestmark = pytest.mark.fast
+
 SCHEMA = json.loads((ROOT / "kvaudit" / "error.schema.json").read_text())
 PAPER = str(ROOT / "fixtures" / "reports" / "too-little.log")
 

@@ -18,6 +18,8 @@ from kvaudit.versions import version_key
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.fast
+
 SCALE = {"GiB": float(1 << 30), "GB": 1e9, "MiB": float(1 << 20), "MB": 1e6}
 NEGATIVE = {"available_kv", "kv_cache_memory_to_requested", "kv_cache_memory_to_gpu_limit", None}
 """Facts a log may print below zero (a KV budget that weights and activations already overran)."""

@@ -13,7 +13,9 @@ from kvaudit.plan.capacity import capacity
 from kvaudit.plan.planner import model_for
 from kvaudit.report import startup
 from conftest import deployment as _deployment
-from conftest import plan_for, skip_unless_planned
+from conftest import each_vllm, plan_for, skip_unless_planned
+
+pytestmark = pytest.mark.fast
 
 
 def deployment(preset, **kw):
@@ -103,6 +105,7 @@ def test_collectives_count_once_a_rank_has_peers():
     assert two - one == memory.COLLECTIVE_BYTES["cuda"]
 
 
+@each_vllm
 def test_capture_sizes_are_vllms():
     d = deployment("llama-3.1-8b", device="h100-80g")  # 1024 sequences: vLLM captures up to 512
     sizes = memory.capture_sizes(model_for(d).vllm_config)
@@ -163,6 +166,7 @@ def test_a_bad_vllm_version_is_a_usage_error():
         deployment("llama-3.1-8b", vllm_release="latest")
 
 
+@each_vllm
 def test_mxfp4_experts_are_padded_for_marlin():
     """gpt-oss on an A100, or on Hopper before vLLM 0.12, runs Marlin's MXFP4 kernel, which pads every expert
     (intermediate 2880 → 2944, hidden 2880 → 3072, vLLM's own maybe_roundup_sizes): the weights "Model loading

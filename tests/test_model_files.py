@@ -40,7 +40,9 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import BUILDS_UNDER_0_23, PRIMARY_VLLM, ROOT, VLLM_VERSION
+from conftest import BUILDS_UNDER_0_23, PRIMARY_VLLM, ROOT, VLLM_VERSION, each_vllm
+
+pytestmark = each_vllm
 
 FIXTURES = ROOT / "fixtures"
 Layers = Counter  # Counter[(spec class name, ((attribute, value), ...))]

@@ -7,6 +7,8 @@ import torch
 
 from kvaudit.measure.oom import is_out_of_memory, parse_oom
 
+pytestmark = pytest.mark.fast
+
 GiB, MiB = 1 << 30, 1 << 20
 NPU = ("RuntimeError: NPU out of memory. Tried to allocate 2.57 GiB (NPU 0; 60.96 GiB total capacity; 57.49 GiB "
        "already allocated; 57.49 GiB current active; 1.96 GiB free; 57.62 GiB reserved in total by PyTorch) If "

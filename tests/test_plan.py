@@ -8,7 +8,9 @@ import pytest
 
 from kvaudit.errors import ConfigError, NotAuditable
 from kvaudit.plan.planner import shared_by_view
-from conftest import deployment, plan_for
+from conftest import deployment, each_vllm, plan_for
+
+pytestmark = [each_vllm, pytest.mark.fast]
 
 # attention block size and uniform page P per platform rule, Qwen3-Next TP 4 bf16 (reference §7.3)
 EXPECTED = {"cuda": (272, 278_528), "ascend-align128": (384, 393_216), "ascend-contiguous": (512, 536_576)}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, deployment, plan_for
+from conftest import ROOT, deployment, each_vllm, plan_for
 from kvaudit.cli import main
 from kvaudit.plan import planfile
 
@@ -38,6 +38,7 @@ def saved_scaled(tmp_path_factory):
     return path
 
 
+@each_vllm
 @pytest.mark.parametrize("fmt", ["json", "table"])
 def test_saved_plan_on_meta_is_the_live_audit_byte_for_byte(saved, fmt, capsys):
     live = _run(["audit", *QWEN, "--meter", "meta", "--format", fmt], capsys)
@@ -85,6 +86,7 @@ def test_saved_plan_audits_where_vllm_cannot_be_imported(saved, capsys):
         assert skip["strategy"] == "vllm" and "vLLM is not installed here" in skip["reason"]
 
 
+@each_vllm
 def test_vllm_objects_round_trip_into_vllms_own_classes():
     d = deployment()
     for platform in ("cuda", "ascend-align128", "ascend-contiguous"):
@@ -102,6 +104,7 @@ def test_decode_looks_up_only_vllms_dataclasses_and_enums_and_torch_dtypes(entry
         planfile.decode(entry)
 
 
+@each_vllm
 def test_the_plan_file_holds_the_plan_as_data(saved):
     doc = json.loads(saved.read_text())
     (stage,) = doc["stages"]
@@ -204,6 +207,7 @@ def test_saved_plan_under_another_torch(saved, capsys):
     assert there["audits"] and all(a == live[a["strategy"]] for a in there["audits"])
 
 
+@each_vllm
 def test_a_plugin_written_against_kvcacheconfig_gets_vllms_object_rebuilt(saved, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(ROOT / "tests/plugins"))
     code, out, err = _run(["audit", "--plan", str(saved), "-s", "kvaudit_testplugin:one_buffer_per_tensor",
@@ -265,6 +269,7 @@ def test_only_kv_cache_interface_classes_are_rebuilt(name, why):
         planfile.decode(data)
 
 
+@each_vllm
 def test_a_saved_plan_rebuilds_into_vllms_kv_cache_config(saved):
     pytest.importorskip("vllm")
     from vllm.v1.kv_cache_interface import KVCacheConfig

@@ -11,7 +11,7 @@ from kvaudit.measure.meters import MetaMeter
 from kvaudit.plan import planner as plan_module
 from kvaudit.results import Verdict
 from kvaudit.strategies.resolve import resolve_strategy
-from conftest import ROOT, deployment, plan_for
+from conftest import ROOT, deployment, each_vllm, plan_for
 
 PLUGINS = ROOT / "tests" / "plugins"
 
@@ -100,6 +100,7 @@ def test_bad_plugins_are_one_line_errors_through_the_cli(plugin_path, capsys):
     assert "Traceback" not in err and err.count("kvaudit: error:") == 2
 
 
+@each_vllm
 @pytest.mark.parametrize("preset", ["qwen3-next", "llama-3.1-8b"])
 def test_installed_allocator_matches_the_plan(preset):
     s = resolve_strategy("installed")

@@ -26,7 +26,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION  # noqa: E402
+from conftest import ROOT  # noqa: E402
 from kvaudit.cli.app import _failure, main  # noqa: E402
 from kvaudit.errors import EXIT_BUG, EXIT_CODES  # noqa: E402
 
@@ -36,9 +36,6 @@ EXAMPLES = {
 }
 """Inputs per test: 20,460 in all; 12,300 are reports that triage reads and concludes on (issue 21: at least
 10,000)."""
-
-pytestmark = pytest.mark.skipif(VLLM_VERSION not in (PRIMARY_VLLM, None),
-                                reason=f"the readers do not depend on the vLLM; run once, under vLLM {PRIMARY_VLLM}")
 
 
 def _settings(name: str):

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from conftest import VLLM_VERSION
+from conftest import VLLM_VERSION, each_vllm
 
-pytestmark = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed (a device host)")
+pytestmark = [each_vllm, pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed (a device host)")]
 
 _TORCHAUDIO = ("torchaudio: vLLM's pin (2.11.0) is a CUDA wheel whose C extension does not load beside the CPU torch "
                "2.13, and transformers imports torchaudio eagerly wherever it is installed, so installing it breaks "

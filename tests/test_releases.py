@@ -17,7 +17,7 @@ from kvaudit.strategies import releases
 from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.strategies.resolve import resolve_strategy
 from kvaudit.units import fmt_bytes
-from conftest import ROOT, deployment, plan_for, skip_unless_planned
+from conftest import ROOT, deployment, each_vllm, plan_for, release, release_tree, skip_unless_planned
 
 PARITY = {"0.11.0rc1": "ascend-0.11", "0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",
           "0.26.0rc1": "ascend-0.16"}
@@ -41,10 +41,11 @@ def _layout(raw: dict) -> tuple[dict, set]:
     return per_layer, {frozenset(v) for v in owners.values()}
 
 
+@each_vllm
 @pytest.mark.parametrize("kv_transfer", [False, True])
 @pytest.mark.parametrize("version", list(PARITY))
 def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, kv_transfer):
-    real = resolve_strategy(f"vllm-ascend=={version}")
+    real = release(version)
     builtin = STRATEGIES[PARITY[version]]
     assert real.platform == releases.platform_for(version)
     builtin = dataclasses.replace(builtin, platform=real.platform)  # the same algorithm on that era's plan
@@ -57,13 +58,14 @@ def test_release_code_allocates_exactly_the_builtin_strategys_storages(version, 
     assert _layout(theirs) == _layout(ours)
 
 
+@each_vllm
 @pytest.mark.parametrize("version", ["0.11.0", "0.13.0", "0.18.0", "0.20.2rc1", "0.24.0rc1", "0.26.0rc1", "0.29.0rc1",
                                      "0.30.0rc2"])
 def test_release_code_on_the_dense_control(version):
     from kvaudit.measure.audit import run_audit
     from kvaudit.measure.meters import MetaMeter
 
-    s = resolve_strategy(f"vllm-ascend=={version}")
+    s = release(version)
     d = deployment("llama-3.1-8b")
     plan = plan_for(d, s.platform)
     if version in LAYER_STRIDED:
@@ -89,7 +91,7 @@ def test_a_release_is_handed_the_build_info_its_own_setup_writes(version, soc, w
     """``vllm_ascend/_build_info.py`` is written by the release's build; kvaudit runs that build code (its
     setup.py against its own modules) for ``$SOC_VERSION``. 0.20.2rc1 reads ``__device_type__`` on every
     dense model: before, kvaudit answered ``__soc_version__`` only, and the audit stopped."""
-    tree = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
+    tree = release_tree(version)
     monkeypatch.setenv("SOC_VERSION", "ascend910b4")
     assert releases.build_info(tree, soc) == ({releases.BUILD_INFO: written} if written else {})
     assert os.environ["SOC_VERSION"] == "ascend910b4"  # set for the build's code, then restored
@@ -116,6 +118,7 @@ def _sdist_or_skip(version: str) -> None:
         pytest.skip(f"vllm-ascend {version}'s sdist is not cached and cannot be fetched here: {e.message}")
 
 
+@each_vllm
 @pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen3-next"])
 @pytest.mark.parametrize("version", HARDWARE_PROFILED)
 def test_releases_that_read_the_hardware_profile_are_audited(version, preset):
@@ -127,7 +130,7 @@ def test_releases_that_read_the_hardware_profile_are_audited(version, preset):
 
     _sdist_or_skip(version)
     skip_unless_planned(preset)
-    s = resolve_strategy(f"vllm-ascend=={version}")
+    s = release(version)
     d = deployment(preset)
     plan = plan_for(d, s.platform)
     if version in LAYER_STRIDED:
@@ -136,6 +139,7 @@ def test_releases_that_read_the_hardware_profile_are_audited(version, preset):
     assert (r.verdict.value, r.ratio) == ("PASS", 1.0)
 
 
+@each_vllm
 def test_a_release_budget_rule_that_raises_leaves_the_others_audited(capsys):
     """vllm-ascend 0.28's worker scales the budget with ``CacheConfig.get_resolved_kv_cache_layout`` (vLLM 0.28+).
     Planned by a vLLM without it (0.23), that release is not audited, with the reason; upstream vLLM still is."""
@@ -162,7 +166,7 @@ def test_the_hardware_profile_is_the_one_of_the_chip_the_build_is_for(version, s
     from kvaudit.strategies.runner_code import _Loader
 
     _sdist_or_skip(version)
-    tree = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
+    tree = release_tree(version)
     loader = _Loader(tree, releases.build_info(tree, soc))
     module = "vllm_ascend.device.hardware_profile"
     profile = loader.from_tree(module, "get_current_hardware_profile", "get_current_hardware_profile")()
@@ -257,13 +261,13 @@ def _checkout(tmp_path, version: str):
 def test_a_source_checkout_is_audited_like_its_release(tmp_path):
     root = _checkout(tmp_path, "0.13.0")
     s = resolve_strategy(f"vllm-ascend={root}")
-    release = resolve_strategy("vllm-ascend==0.13.0")
+    published = release("0.13.0")
     assert s.name == f"vllm-ascend={root.name}" and s.releases == "vllm-ascend checkout (0.13.0) (pins vLLM 0.13.0)"
-    assert s.platform == release.platform == "ascend-align128"
+    assert s.platform == published.platform == "ascend-align128"
     d = deployment()
     plan = plan_for(d, s.platform)
     meta = torch.device("meta")
-    assert _layout(s.allocate(plan, meta, False)) == _layout(release.allocate(plan, meta, False))
+    assert _layout(s.allocate(plan, meta, False)) == _layout(published.allocate(plan, meta, False))
 
 
 def test_a_checkout_without_a_version_is_planned_with_the_newest_rule(tmp_path):
@@ -287,6 +291,7 @@ def test_installed_says_when_vllm_ascend_is_absent():
     assert "vllm-ascend is not installed" in s.note and "no vllm-ascend" in s.releases
 
 
+@each_vllm
 def test_history_finds_where_the_allocation_changed():
     from kvaudit.ci.history import history
 
@@ -328,7 +333,7 @@ def _layers_plan_or_skip(plan):
 def test_layer_strided_release_code_lays_layers_out_as_vllms_plan_says(version):
     """vllm-ascend 0.28+ on Qwen3-Next: one backing allocation, every layer at offset + l × layer_stride
     for num_blocks × page bytes, exactly where vLLM's KVCacheTensor puts it (no private buffers)."""
-    s = resolve_strategy(f"vllm-ascend=={version}")
+    s = release(version)
     d = deployment()
     plan = plan_for(d, s.platform)
     _layers_plan_or_skip(plan)
@@ -356,7 +361,7 @@ def test_layer_strided_release_code_with_kv_transfer(version, storages):
     from kvaudit.measure.audit import run_audit
     from kvaudit.measure.meters import MetaMeter
 
-    s = resolve_strategy(f"vllm-ascend=={version}")
+    s = release(version)
     d = deployment(kv_transfer=True)
     plan = plan_for(d, s.platform)
     _layers_plan_or_skip(plan)
@@ -386,7 +391,7 @@ def test_a_release_worker_that_shrinks_the_budget_plans_with_it(preset, version,
     from kvaudit.plan.planner import plan_for as strategy_plan
 
     skip_unless_planned(preset)
-    s = resolve_strategy(f"vllm-ascend=={version}")
+    s = release(version)
     d = deployment(preset, gpu_memory_utilization=0.9)
     whole = plan_for(d, s.platform)
     _layers_plan_or_skip(whole)
@@ -414,7 +419,7 @@ def test_0_28_with_kv_transfer_plans_a_quarter_of_the_budget():
     from kvaudit.measure.meters import MetaMeter
     from kvaudit.plan.planner import plan_for as strategy_plan
 
-    s = resolve_strategy("vllm-ascend==0.28.0rc1")
+    s = release("0.28.0rc1")
     d = deployment(kv_transfer=True)
     _layers_plan_or_skip(plan_for(d, s.platform))
     plan = strategy_plan(d, s)
@@ -429,7 +434,7 @@ def test_a_release_worker_keeps_the_budget_where_its_runner_shares_the_backing()
     ``supports_standardized_shared_kv_backing`` and keeps one backing, so the worker keeps the budget."""
     from kvaudit.plan.planner import plan_for as strategy_plan
 
-    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    s = release("0.30.0rc2")
     d = deployment()
     whole = plan_for(d, s.platform)
     _layers_plan_or_skip(whole)
@@ -468,8 +473,8 @@ def test_a_report_holds_each_strategys_own_plan_and_its_capacity(capsys):
 
 
 def test_releases_before_0_28_plan_with_the_whole_budget():
-    assert resolve_strategy("vllm-ascend==0.26.0rc1").kv_budget is None
-    assert resolve_strategy("vllm-ascend==0.28.0rc1").kv_budget is not None
+    assert release("0.26.0rc1").kv_budget is None
+    assert release("0.28.0rc1").kv_budget is not None
 
 
 def test_history_names_the_shrunk_budget():
@@ -495,7 +500,7 @@ def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
         return real_call(self, kv_cache_config, attributes, methods, modules)
 
     monkeypatch.setattr(Extracted, "call", spy)
-    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    s = release("0.30.0rc2")
     d = deployment()
     plan = plan_for(d, s.platform)
     _layers_plan_or_skip(plan)
@@ -512,15 +517,16 @@ def test_layer_strided_code_receives_vllms_own_plan_objects(monkeypatch):
 
 
 def test_a_release_names_the_vllm_it_pins():
-    s = resolve_strategy("vllm-ascend==0.30.0rc2")
+    s = release("0.30.0rc2")
     assert s.releases == "vllm-ascend 0.30.0rc2 (pins vLLM 0.30.0)"
     assert "built against vLLM 0.30.0" in s.note and "made by vLLM" in s.note
 
 
+@each_vllm
 def test_a_release_before_hybrid_support_says_so_in_one_line():
     from kvaudit.errors import NotAuditable
 
-    s = resolve_strategy("vllm-ascend==0.9.1")
+    s = release("0.9.1")
     d = deployment()
     with pytest.raises(NotAuditable, match="cannot serve hybrid models: its allocation asserts one layer per"):
         s.allocate(plan_for(d, s.platform), torch.device("meta"), False)

@@ -15,7 +15,9 @@ from kvaudit.measure.meters import MetaMeter
 from kvaudit.report import render as report
 from kvaudit.results import Report
 from kvaudit.strategies.builtin import STRATEGIES
-from conftest import GOLDEN, ROOT, deployment
+from conftest import GOLDEN, ROOT, deployment, each_vllm
+
+pytestmark = pytest.mark.fast
 
 SCHEMA = json.loads((ROOT / "kvaudit" / "report.schema.json").read_text())
 
@@ -42,6 +44,7 @@ def _golden(name: str, text: str, update: bool) -> None:
                   f"{(want.splitlines()[first:first + 1] or ['<end>'])[0]!r}; if intended, run pytest --update-golden")
 
 
+@each_vllm
 def test_golden_table_at_width_120(monkeypatch, capsys, update_golden):
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["qwen3-next", "--util", "0.7", "--meter", "meta"]) == 1
@@ -50,6 +53,7 @@ def test_golden_table_at_width_120(monkeypatch, capsys, update_golden):
     _golden("qwen3-next-util0.7-meta.table.txt", out, update_golden)
 
 
+@each_vllm
 def test_golden_summary_of_the_dense_control(monkeypatch, capsys, update_golden):
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["llama-3.1-8b", "--util", "0.9", "--meter", "meta", "--detail", "summary"]) == 0
@@ -127,6 +131,7 @@ def test_stages_json_holds_each_stage_report_and_the_worst_exit_code(rep):
         jsonschema.validate(stage, SCHEMA)
 
 
+@each_vllm
 def test_plan_json_names_the_planning_vllm():
     from kvaudit.measure.utilization import plan_stage
 

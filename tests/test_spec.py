@@ -10,7 +10,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.model.spec import load_model_spec
-from conftest import ROOT
+from conftest import ROOT, each_vllm
 
 QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct/config.json"
 GEMMA = ROOT / "fixtures/configs/gemma-3-27b-it/config.json"
@@ -127,6 +127,7 @@ def test_bad_deployments_exit_2_with_one_line(capsys, args, message):
     assert len(err) == 1 and message in err[0], err
 
 
+@each_vllm
 def test_an_architecture_vllm_does_not_serve_is_one_line(tmp_path, capsys):
     cfg = {"model_type": "llama", "architectures": ["NoSuchModelForCausalLM"], "num_hidden_layers": 2,
            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
@@ -204,6 +205,7 @@ def test_deployment_options_beyond_any_real_deployment_are_refused_before_buildi
     assert code == 2 and len(err) == 1 and message in err[0], err
 
 
+@each_vllm
 @pytest.mark.parametrize("field, value, reason", [
     ("hidden_size", "abc", "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError"),
     ("intermediate_size", 1.5, "Validation error for field 'intermediate_size'"),

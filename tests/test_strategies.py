@@ -10,7 +10,9 @@ from kvaudit.measure.audit import run_audit
 from kvaudit.measure.meters import CpuMeter, MetaMeter
 from kvaudit.results import Verdict
 from kvaudit.strategies.builtin import ALIGNMENT, STRATEGIES, allocate_per_planned_tensor
-from conftest import deployment, plan_for
+from conftest import deployment, each_vllm, plan_for
+
+pytestmark = [each_vllm, pytest.mark.fast]
 
 RATIOS = {"vllm": 1.0, "ascend-0.11": 4.0, "ascend-0.12": 2.0, "ascend-0.16": 1.0}
 # storages per planned tensor (K and V count twice), hence the 2 MiB paddings with --kv-transfer

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.fast
+
 PACKAGE = ROOT / "kvaudit"
 STAGES = ("model", "plan", "strategies", "measure", "report", "triage ci", "cli")
 """The folders, lowest first; folders on one line (``triage ci``) stand side by side and import neither."""

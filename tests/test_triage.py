@@ -16,6 +16,8 @@ from kvaudit.triage.conclude import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT,
 from kvaudit.triage.evidence import MAX_REPORT_BYTES, clean_lines, extract
 from conftest import ROOT
 
+pytestmark = pytest.mark.fast
+
 REPORTS = ROOT / "fixtures" / "reports"
 SCHEMA = json.loads((ROOT / "kvaudit" / "triage.schema.json").read_text())
 GiB = 1 << 30

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
+from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION, each_vllm
 
-pytestmark = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed (a device host)")
+pytestmark = [each_vllm, pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed (a device host)")]
 
 GEMMA_3N_E4B_TEXT = {
     # google/gemma-3n-E4B-it's text model, transcribed (Hugging Face was not reachable) from the defaults of

@@ -10,27 +10,38 @@ import venv
 
 import pytest
 
-from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION
-
-pytestmark = pytest.mark.skipif(
-    VLLM_VERSION != PRIMARY_VLLM, reason=f"independent of the planning vLLM: tested under vLLM {PRIMARY_VLLM} only")
+from conftest import ROOT
 
 THREAD = ROOT / "fixtures/reports/threads/vllm-10569.txt"
 
 
 @pytest.fixture(scope="module")
-def kvaudit_exe(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
+def wheel(tmp_path_factory):
+    """kvaudit's wheel, built once for both environments below."""
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
                    check=True, capture_output=True)
-    (wheel,) = (tmp / "dist").glob("kvaudit-*.whl")
-    venv.create(tmp / "env", with_pip=True)
-    py = tmp / "env/bin/python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    (built,) = dist.glob("kvaudit-*.whl")
+    return built
+
+
+def _environment(folder, *install):
+    """A fresh environment (no system site-packages) with ``install`` put in by this pip (``pip --python``: the
+    same install as the environment's own pip would make, without seeding one into it); its python."""
+    venv.create(folder, with_pip=False)
+    py = folder / "bin/python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", *install], check=True,
+                   capture_output=True)
+    return py
+
+
+@pytest.fixture(scope="module")
+def kvaudit_exe(tmp_path_factory, wheel):
+    py = _environment(tmp_path_factory.mktemp("wheel") / "env", str(wheel))
     missing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('torch'), "
                               "u.find_spec('vllm'))"], capture_output=True, text=True, check=True).stdout
     assert missing.split() == ["None", "None"]
-    return tmp / "env/bin/kvaudit"
+    return py.parent / "kvaudit"
 
 
 def _kvaudit(exe, *args):
@@ -97,13 +108,11 @@ OLD_TYPER = ("typer==0.15.4", "click==8.1.8")
 
 
 @pytest.fixture(scope="module")
-def old_typer_exe(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("old-typer")
-    venv.create(tmp / "env", with_pip=True)
-    py = tmp / "env/bin/python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", *OLD_TYPER, "rich"], check=True, capture_output=True)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True, capture_output=True)
-    return tmp / "env/bin/kvaudit"
+def old_typer_exe(tmp_path_factory, wheel):
+    py = _environment(tmp_path_factory.mktemp("old-typer") / "env", *OLD_TYPER, "rich")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True)
+    return py.parent / "kvaudit"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -24,7 +24,7 @@ from kvaudit.report import render as report
 from kvaudit.results import Report
 from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.units import fmt_bytes
-from conftest import PRIMARY_VLLM, ROOT, VLLM_VERSION, deployment
+from conftest import ROOT, deployment
 
 WIDTHS = (60, 80, 100, 120, 200)
 CUT = re.compile(r"…[ \t]*(?:[│┃|]|$)", re.M)
@@ -161,7 +161,6 @@ def test_help_shows_every_option_name_whole(capsys, monkeypatch, command, width)
     assert names <= words and (names or command == "models"), sorted(names - words)
 
 
-@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason=f"the screenshot is made with vLLM {PRIMARY_VLLM}'s plan")
 def test_the_screenshot_is_the_headline_at_80_columns_made_again_by_its_script():
     import importlib.util
 
