@@ -489,3 +489,4 @@ def test_a_report_naming_a_changed_default_is_told_the_change_and_its_switch():
     t = triage("[Bug]: Model Runner V2 (now default for dense models) skips CUDA graph memory reservation\n"
                "vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 8\ntorch.OutOfMemoryError: CUDA out of memory.\n")
     assert t.cause == "default-changed" and any("VLLM_USE_V2_MODEL_RUNNER=0" in a for a in t.actions)
+
