@@ -74,3 +74,30 @@ def test_parse_size_refuses(text):
 
 def test_fmt_bytes():
     assert fmt_bytes(3 * GiB // 2) == "1.50 GiB" and fmt_bytes(512) == "512 B" and fmt_bytes(-2048) == "-2.00 KiB"
+
+
+def test_deploy_hands_every_option_to_the_deployment():
+    """``deploy`` (the one place the command line and policy files turn options into a deployment): each option
+    reaches its field, by vLLM's flag name, sizes parsed from text, the preset's values only where unset."""
+    from kvaudit.plan.planner import deploy
+
+    o = {"tp": 2, "util": 0.8, "max_model_len": 4096, "device": "a100-80g", "device_memory": "70GiB",
+         "dtype": "float16", "weights": "15GiB", "overhead": "1GiB", "vllm_version": "0.30.0",
+         "kv_cache_memory": "20GiB", "kv_transfer": True, "num_blocks": 123, "pp": 2, "kv_cache_dtype": "fp8",
+         "quantization": "fp8", "block_size": 32, "enable_prefix_caching": False, "max_num_seqs": 7,
+         "hf_overrides": '{"max_position_embeddings": 65536}', "max_num_batched_tokens": 4096,
+         "enforce_eager": True, "max_cudagraph_capture_size": 64, "usage_context": "llm"}
+    d = deploy(load_preset_spec(get_preset("llama-3.1-8b")), get_preset("qwen3-next"), o, pp_rank=1)
+    assert (d.tp, d.gpu_memory_utilization, d.max_model_len, d.pp, d.pp_rank) == (2, 0.8, 4096, 2, 1)
+    assert (d.device_memory_bytes, d.weights_bytes, d.overhead_bytes, d.kv_cache_memory_bytes) == (
+        70 * GiB, 15 * GiB, 1 * GiB, 20 * GiB)
+    assert d.weights_source == "--weights" and d.requested_dtype == d.dtype == "float16"
+    assert (d.vllm_version, d.kv_transfer, d.num_blocks_override, d.kv_cache_dtype, d.quantization) == (
+        "0.30.0", True, 123, "fp8", "fp8")
+    assert (d.block_size, d.enable_prefix_caching, d.max_num_seqs, d.max_num_batched_tokens) == (32, False, 7, 4096)
+    assert d.hf_overrides == {"max_position_embeddings": 65536}
+    assert (d.enforce_eager, d.max_cudagraph_capture_size, d.usage_context) == (True, 64, "llm")
+    unset = deploy(load_preset_spec(get_preset("qwen3-next")), get_preset("qwen3-next"), {})
+    assert (unset.tp, unset.max_model_len, unset.usage_context, unset.gpu_memory_utilization) == (
+        get_preset("qwen3-next").tp, get_preset("qwen3-next").max_model_len, "serve", 0.9)
+    assert unset.weights_bytes != 15 * GiB and unset.kv_cache_memory_bytes is None and unset.device_memory_bytes

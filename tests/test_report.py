@@ -44,6 +44,14 @@ def _golden(name: str, text: str, update: bool) -> None:
                   f"{(want.splitlines()[first:first + 1] or ['<end>'])[0]!r}; if intended, run pytest --update-golden")
 
 
+def test_golden_json_of_the_seed_case(capsys, update_golden):
+    """Every field of ``--format json`` for the seed case (per strategy, group, tensor and layer: expected and
+    allocated bytes, ratios, budgets, verdicts), the repository's own path written as ``ROOT``."""
+    assert main(["qwen3-next", "--util", "0.7", "--meter", "meta", "--format", "json"]) == 1
+    out = capsys.readouterr().out.replace(str(ROOT), "ROOT")
+    _golden("qwen3-next-util0.7-meta.json", out, update_golden)
+
+
 @each_vllm
 def test_golden_table_at_width_120(monkeypatch, capsys, update_golden):
     monkeypatch.setenv("COLUMNS", "120")
