@@ -1,9 +1,12 @@
-"""Mutation testing of kvaudit's core with mutmut (not part of CI): how many mutants of accounting, audit,
-strategies, meters and report the tests kill. Prints a score per module and in all; asserts nothing.
+"""Mutation testing of kvaudit's core with mutmut (not part of CI): how many mutants of the planner, accounting,
+audit, the verdict, capacity and triage's conclusion the tests kill. Prints a score per module and in all; asserts
+nothing.
 
-Run: .venv/bin/python bench/mutation.py [--jobs N]   (installs mutmut 3.8.1 into the environment if
-missing; the run takes tens of minutes on 2 CPUs). Configuration: ``[tool.mutmut]`` in pyproject.toml.
-Survivors: ``.venv/bin/python -m mutmut results``; one of them: ``.venv/bin/python -m mutmut show NAME``.
+Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S]   (installs mutmut 3.8.1 into the
+environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is hours on
+2 CPUs; ``--sample N`` runs N of them drawn at random (seeded: the same draw from the same code) and scores those,
+so that two trees are measured the same way. Survivors: ``.venv/bin/python -m mutmut results``; one of them:
+``.venv/bin/python -m mutmut show NAME``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import collections
 import importlib.util
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -26,14 +30,25 @@ DETECTED = {"killed", "timeout", "caught by type check", "suspicious"}
 "suspicious" is a mutant that crashed the test process (a signal)."""
 
 
+SAMPLE = ROOT / "mutants" / "sample.json"
+"""The names drawn by ``--sample`` (scoring counts only those)."""
+
+
+def _metas() -> list[Path]:
+    return sorted((ROOT / "mutants" / "kvaudit").rglob("*.py.meta"))  # one per module, in its stage's folder
+
+
 def scores() -> dict[str, collections.Counter]:
     from mutmut.stats import status_by_exit_code
 
     out: dict[str, collections.Counter] = {}
     package = ROOT / "mutants" / "kvaudit"
-    for meta in sorted(package.rglob("*.py.meta")):  # one per module, in its stage's folder
+    drawn = set(json.loads(SAMPLE.read_text())) if SAMPLE.exists() else None
+    for meta in _metas():
         c: collections.Counter = collections.Counter()
-        for code in json.loads(meta.read_text())["exit_code_by_key"].values():
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if drawn is not None and name not in drawn:
+                continue
             c["mutants"] += 1
             c[status_by_exit_code[code]] += 1
         out[meta.relative_to(package).as_posix().removesuffix(".meta")] = c
@@ -43,6 +58,8 @@ def scores() -> dict[str, collections.Counter]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--sample", type=int, help="run and score this many mutants, drawn at random")
+    ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
     ap.add_argument("--report-only", action="store_true", help="score the last run in mutants/")
     a = ap.parse_args()
     if not a.report_only:
@@ -50,14 +67,19 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         t0 = time.perf_counter()
-        # one intra-op thread: mutmut forks its workers from a process that ran the tests, and torch's
-        # OpenMP pool does not survive a fork (workers hang until the timeout)
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        p = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(a.jobs)], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        names: list[str] = []
+        if a.sample:
+            # a name that matches no mutant: mutmut generates every mutant and collects which tests reach each,
+            # then stops; the names are then in its files
+            _mutmut(["run", "kvaudit.none-drawn"], a.jobs, check=False)
+            every = sorted(k for meta in _metas() for k in json.loads(meta.read_text())["exit_code_by_key"])
+            names = sorted(random.Random(a.seed).sample(every, min(a.sample, len(every))))
+            SAMPLE.write_text(json.dumps(names))
+            print(f"drew {len(names)} of {len(every)} mutants (seed {a.seed})")
+        p = _mutmut(["run", "--max-children", str(a.jobs), *names], a.jobs)
         print(f"mutmut run: exit {p.returncode} in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
     total: collections.Counter = collections.Counter()
-    print(f"{'module':16} {'mutants':>8} {'killed':>7} {'timeout/crash':>14} {'survived':>9} {'no tests':>9} "
+    print(f"{'module':22} {'mutants':>8} {'killed':>7} {'timeout/crash':>14} {'survived':>9} {'no tests':>9} "
           f"{'score':>7}")
     rows = [*scores().items()]
     for module, c in rows:
@@ -65,9 +87,20 @@ def main() -> None:
     for module, c in [*rows, ("all", total)]:
         detected = sum(c[s] for s in DETECTED)
         judged = c["mutants"] - c["not checked"] - c["skipped"]
-        print(f"{module:16} {c['mutants']:8} {c['killed']:7} {detected - c['killed']:14} {c['survived']:9} "
+        print(f"{module:22} {c['mutants']:8} {c['killed']:7} {detected - c['killed']:14} {c['survived']:9} "
               f"{c['no tests']:9} {100 * detected / max(1, judged):6.1f}%")
     print("score = detected (killed, timed out, crashed) / mutants checked; a mutant no test reaches is not detected")
+
+def _mutmut(args: list[str], jobs: int, check: bool = True) -> subprocess.CompletedProcess:
+    # one intra-op thread: mutmut forks its workers from a process that ran the tests, and torch's
+    # OpenMP pool does not survive a fork (workers hang until the timeout)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, env=env)
+    if check and p.returncode != 0:
+        print(f"mutmut {args[0]}: exit {p.returncode}:\n{p.stderr[-3000:]}", file=sys.stderr)
+    return p
+
 
 if __name__ == "__main__":
     main()
