@@ -2,10 +2,11 @@
 audit, the verdict, capacity and triage's conclusion the tests kill. Prints a score per module and in all; asserts
 nothing.
 
-Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S]   (installs mutmut 3.8.1 into the
-environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is hours on
-2 CPUs; ``--sample N`` runs N of them drawn at random (seeded: the same draw from the same code) and scores those,
-so that two trees are measured the same way. Survivors: ``.venv/bin/python -m mutmut results``; one of them:
+Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE]   (installs mutmut 3.8.1
+into the environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is
+hours on 2 CPUs; ``--sample N`` runs N of them drawn at random (seeded) and scores those, writing their names to
+``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is the same, the same
+mutants), so that two trees are measured the same way. Survivors: ``.venv/bin/python -m mutmut results``; one of them:
 ``.venv/bin/python -m mutmut show NAME``.
 """
 
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--sample", type=int, help="run and score this many mutants, drawn at random")
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
+    ap.add_argument("--names", type=Path, help="run and score the mutants a SAMPLE file names (another tree's "
+                    "mutants/sample.json: the same mutants, where the code is the same)")
     ap.add_argument("--report-only", action="store_true", help="score the last run in mutants/")
     a = ap.parse_args()
     if not a.report_only:
@@ -68,14 +71,19 @@ def main() -> None:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         t0 = time.perf_counter()
         names: list[str] = []
-        if a.sample:
+        if a.sample or a.names:
             # a name that matches no mutant: mutmut generates every mutant and collects which tests reach each,
             # then stops; the names are then in its files
             _mutmut(["run", "kvaudit.none-drawn"], a.jobs, check=False)
             every = sorted(k for meta in _metas() for k in json.loads(meta.read_text())["exit_code_by_key"])
-            names = sorted(random.Random(a.seed).sample(every, min(a.sample, len(every))))
+            if a.names:
+                given = json.loads(a.names.read_text())
+                names = sorted(set(given) & set(every))
+                print(f"{len(names)} of the {len(given)} mutants {a.names} names are mutants here")
+            else:
+                names = sorted(random.Random(a.seed).sample(every, min(a.sample, len(every))))
+                print(f"drew {len(names)} of {len(every)} mutants (seed {a.seed})")
             SAMPLE.write_text(json.dumps(names))
-            print(f"drew {len(names)} of {len(every)} mutants (seed {a.seed})")
         p = _mutmut(["run", "--max-children", str(a.jobs), *names], a.jobs)
         print(f"mutmut run: exit {p.returncode} in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
     total: collections.Counter = collections.Counter()
