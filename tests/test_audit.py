@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.errors import StrategyFailed
+from kvaudit.errors import ConfigError, StrategyFailed
 from kvaudit.measure.audit import audit_all, run_audit
 from kvaudit.measure.meters import MetaMeter
 from kvaudit.results import Report, Verdict
@@ -146,3 +146,47 @@ def test_the_json_exit_code_of_a_passing_run_is_0():
 
     report = Report(d, (passing,), "meta", "meta", "x")
     assert report.exit_code == 0 and json_report.to_dict(report)["exit_code"] == 0
+
+
+def test_memory_for_layers_vllm_did_not_plan_fails_and_names_the_first():
+    d = deployment()
+    plan = plan_for(d, "cuda")
+
+    def extra_layers(plan, device, kv_transfer):
+        raw = allocate_per_planned_tensor(plan, device)
+        for name in ("zz.extra.b", "zz.extra.a"):
+            raw[name] = torch.empty(4096, dtype=torch.int8, device=device)
+        return raw
+
+    r = run_audit(d, plan, Strategy("extra", "allocates two layers more", "cuda", "test", extra_layers), MetaMeter())
+    assert r.verdict is Verdict.FAIL
+    assert "memory for 2 layer(s) vLLM did not plan, first zz.extra.a" in r.reasons
+
+
+def test_bytes_no_view_covers_are_padding_from_the_storages_first_byte():
+    """A storage of 10,000 B whose one view covers bytes 4,096-8,191: the 5,904 B before and after it are padding,
+    attributed to the layer that uses the storage."""
+    from kvaudit.measure.accounting import attribute
+
+    storage = torch.empty(10_000, dtype=torch.int8)
+    a = attribute({"layer.a": storage[4096:8192]})
+    (key,) = a.storage_bytes
+    assert a.storage_bytes[key] == 10_000 and a.storage_padding[key] == 4096 + (10_000 - 8192)
+    assert a.layer_bytes["layer.a"] == 10_000 and a.storage_layers[key] == ("layer.a",)
+
+
+def test_a_refused_strategy_is_skipped_with_its_reason_and_the_others_audited():
+    d = deployment()
+
+    def refuse(s):
+        if s.name == "ascend-0.11":
+            raise ConfigError("vLLM's planner refuses this strategy's rule")
+        return plan_for(d, s.platform)
+
+    skipped: list[tuple[str, str]] = []
+    chosen = [STRATEGIES["ascend-0.11"], STRATEGIES["ascend-0.16"]]
+    results = audit_all(d, chosen, MetaMeter(), skipped=skipped, plan_for=refuse)
+    assert [r.strategy for r in results] == ["ascend-0.16"]
+    assert skipped == [("ascend-0.11", "vLLM's planner refuses this strategy's rule")]
+    with pytest.raises(ConfigError, match="refuses"):  # every strategy refused: the deployment is the bad input
+        audit_all(d, chosen[:1], MetaMeter(), skipped=[], plan_for=refuse)
