@@ -90,3 +90,30 @@ def test_what_this_process_holds_in_torchs_newer_message():
                       "24.56 MiB is free. Process 106008 has 23.66 GiB memory in use. Of the allocated memory 23.19 GiB "
                       "is allocated by PyTorch, and 32.44 MiB is reserved by PyTorch but unallocated.")
     assert alone.held_here == round(23.19 * gib) + round(32.44 * (1 << 20))
+
+
+def test_the_out_of_memory_finding_names_the_request_its_segment_and_what_the_allocator_said():
+    from types import SimpleNamespace
+
+    from kvaudit.measure.audit import _oom_reason
+    from kvaudit.results import DeviceOom
+
+    said = ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 4.00 GiB of which 0 bytes "
+            "is free.")
+    o = DeviceOom(allocation=3, allocations=5, request_bytes=3 << 20, allocated_before_bytes=1 << 30,
+                  free_bytes=1 << 20, tensor=None, layers=(), segment_bytes=20 << 20,
+                  message=said + " Including non-PyTorch memory, this process has 4.00 GiB memory in use. If reserved"
+                                 " memory is >> allocated memory set PYTORCH_CUDA_ALLOC_CONF")
+    cuda = SimpleNamespace(name="cuda")
+    assert _oom_reason(o, cuda) == (
+        "ran out of memory on the cuda meter at allocation 3 of 5: 3.00 MiB (a 20.00 MiB segment for the caching "
+        "allocator) for a storage no layer uses, with 1.00 GiB already allocated; it needed 19.00 MiB more than the "
+        f"1.00 MiB free (the allocator said: {said})")
+    assert o.to_dict() == {"allocation": 3, "allocations": 5, "request_bytes": 3 << 20,
+                           "allocated_before_bytes": 1 << 30, "free_bytes": 1 << 20, "needed_more_bytes": 19 << 20,
+                           "segment_bytes": 20 << 20, "tensor": None, "layers": [], "message": o.message}
+    bare = DeviceOom(allocation=1, allocations=1, request_bytes=None, allocated_before_bytes=0, free_bytes=None,
+                     tensor=2, layers=("a", "b"), segment_bytes=20 << 20, message="NPU out of memory.")
+    assert _oom_reason(bare, cuda) == ("ran out of memory on the cuda meter at allocation 1 of 1: an allocation for "
+                                       "tensor 2 (a, b), with 0 B already allocated (the allocator said: NPU out of "
+                                       "memory.)")

@@ -162,3 +162,37 @@ def test_an_attention_free_model_keeps_vllms_mamba_block_size(tmp_path, platform
                         device="h100-80g", overhead_bytes=2 << 30)
     plan = plan_for(d, platform)
     assert [g.spec_type for g in plan.groups] == ["MambaSpec"] and len(plan.groups[0].layer_names) == 24
+
+
+def test_the_layer_mix_names_each_kind_most_first():
+    from kvaudit.plan.planner import layer_mix
+
+    assert layer_mix(deployment()) == "36 GDN + 12 full attention"  # Qwen3-Next: 3 of every 4 layers linear
+    assert layer_mix(deployment("llama-3.1-8b")) == "32 full attention"
+
+
+@pytest.mark.parametrize("mamba_type, label", [("gdn_attention", "GDN"), (SimpleNamespace(name="MAMBA2"), "Mamba2"),
+                                               ("mamba1", "Mamba"), ("short_conv", "short conv"),
+                                               ("linear_attention", "linear attention"), ("kda", "kda")])
+def test_mamba_like_layers_are_named_by_their_backend(mamba_type, label):
+    from kvaudit.plan.planner import _mamba_kind
+
+    assert _mamba_kind(SimpleNamespace(mamba_type=mamba_type)) == label
+
+
+def test_a_reason_is_one_line_and_a_bare_assert_says_where_it_was_raised():
+    from kvaudit.plan.planner import _at, _first_line
+
+    def bare():
+        raise AssertionError  # what a bare assert in vLLM's config checks raises (pytest rewrites this file's)
+
+    try:
+        bare()
+    except AssertionError as e:
+        raised = e
+    line = bare.__code__.co_firstlineno + 1
+    assert _at(raised) == f" at test_plan.py:{line}" and _at(ValueError("said why")) == "" and _at(AssertionError()) == ""
+    assert _first_line(ValueError("Validation error for field 'x':\n  must be  positive\nthird")) == (
+        "Validation error for field 'x': must be positive")
+    assert _first_line(ValueError("first line:  \nsecond")) == "first line: second"
+    assert _first_line(ValueError("  first line\nsecond:")) == "first line" and _first_line(KeyError()) == "KeyError"
