@@ -99,6 +99,7 @@ def main() -> None:
               f"{c['no tests']:9} {100 * detected / max(1, judged):6.1f}%")
     print("score = detected (killed, timed out, crashed) / mutants checked; a mutant no test reaches is not detected")
 
+
 def _mutmut(args: list[str], jobs: int, check: bool = True) -> subprocess.CompletedProcess:
     # one intra-op thread: mutmut forks its workers from a process that ran the tests, and torch's
     # OpenMP pool does not survive a fork (workers hang until the timeout)

@@ -3,6 +3,7 @@ fake ``torch.npu`` / ``torch.cuda`` memory API."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 from pathlib import Path
@@ -124,30 +125,22 @@ def plan_for(d, platform: str):
     return _PLANS[key]
 
 
-_RELEASES: dict = {}
-
-
+@functools.cache
 def release(version: str):
     """``vllm-ascend==version``'s strategy, resolved once per session: resolving reads the sdist, runs its build
     code and compiles its allocation code (1-2 s), and what it makes is not changed by an audit. A test that
     changes what resolving reads (``$SOC_VERSION``, the cache, the index) calls ``resolve_strategy`` itself."""
     from kvaudit.strategies.resolve import resolve_strategy
 
-    if version not in _RELEASES:
-        _RELEASES[version] = resolve_strategy(f"vllm-ascend=={version}")
-    return _RELEASES[version]
+    return resolve_strategy(f"vllm-ascend=={version}")
 
 
-_TREES: dict = {}
-
-
+@functools.cache
 def release_tree(version: str):
     """The source tree of ``version``'s sdist, read once per session (its archive is decompressed on first read)."""
     from kvaudit.strategies import releases
 
-    if version not in _TREES:
-        _TREES[version] = releases.SourceTree(version, tarball=releases.fetch_sdist(version))
-    return _TREES[version]
+    return releases.SourceTree(version, tarball=releases.fetch_sdist(version))
 
 
 class FakeMeter:

@@ -19,6 +19,8 @@ from kvaudit.measure import meters
 from kvaudit.measure.meters import DeviceMeter
 
 GiB = 1 << 30
+
+
 def _load_device_check():
     spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts/device_check.py")
     mod = importlib.util.module_from_spec(spec)
@@ -32,10 +34,9 @@ def prepared(tmp_path_factory):
     d = tmp_path_factory.mktemp("device-check")
     args = ["--preset", "qwen3-next", "--util", "0.7", "--num-blocks", "64", "--max-model-len", "1024"]
     assert main(["plan", *args, "--save", str(d / "qwen3-next.plan.json"), "--format", "json"]) == 0
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert main(["audit", *args, "--format", "json"]) == 1
-    (d / "qwen3-next.meta.json").write_text(out.getvalue())
+    audited = _in_process(["audit", *args, "--format", "json"], d)
+    assert audited.returncode == 1, audited.stderr
+    (d / "qwen3-next.meta.json").write_text(audited.stdout)
     return d
 
 

@@ -251,7 +251,8 @@ def _build_key(d: Deployment) -> str:
     is not the refusal the same deployment gets without it."""
     from kvaudit.model.vllm_model import cache_key
 
-    return cache_key(os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"), str(d.model.config_path), d.model.trust_remote_code, d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
+    return cache_key(os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"), str(d.model.config_path),
+                     d.model.trust_remote_code, d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
