@@ -25,7 +25,7 @@ from kvaudit.measure.oom import parse_oom
 from kvaudit.triage.changes import CHANGES
 from kvaudit.triage.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split
 from kvaudit.triage.failures import failures
-from kvaudit.triage.lines import lines_holding
+from kvaudit.triage.lines import Where, Words, lines_holding
 from kvaudit.triage.loglines import anchors, needles, read_line
 
 MAX_REPORT_BYTES = 16 << 20
@@ -459,10 +459,11 @@ def _nominal_gb(m: re.Match) -> int | None:
     return int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
 
 
-_RULES = tuple((key, rx, conv, (words,)) for (key, rx, conv), words in zip(_SIMPLE, _SIMPLE_WORDS)) + tuple(
-    (key, rx, conv, groups) for (key, rx, conv), groups in zip(_PROSE_FACTS, _PROSE_WORDS)) + (
+_RULES = tuple((key, rx, conv, tuple(map(frozenset, groups))) for key, rx, conv, groups in (
+    *((key, rx, conv, (words,)) for (key, rx, conv), words in zip(_SIMPLE, _SIMPLE_WORDS)),
+    *((key, rx, conv, groups) for (key, rx, conv), groups in zip(_PROSE_FACTS, _PROSE_WORDS)),
     ("device_nominal_gb", _NOMINAL, _nominal_gb, (_NOMINAL_WORDS,)),
-    ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,)))
+    ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,))))
 """Every line pattern with the words (groups of alternatives, all groups met) a line must hold first."""
 
 PHASES = {
@@ -519,10 +520,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     pip_show: str | None = None
     imported = 0
     lows = [line.lower() for line in lines]
-    where = lines_holding(lows, _ALL_WORDS)  # every word any reader gates on, found in one pass over the text
+    where = lines_holding(lows, _ALL)  # every word any reader gates on, found in one pass over the text
     ruled = _rule_facts(lines, lows, where)
-    logged = set().union(*(where[w] for w in _NEEDLES))
-    opened = set().union(*(where[w] for w in _MESSAGE_STARTS))
+    logged = where.any_of(_NEEDLES)
+    opened = where.any_of(_MESSAGE_STARTS)
     prosed: list[int] = []
     for n, line in enumerate(lines, start=1):
         low = lows[n - 1]
@@ -667,30 +668,44 @@ _EVERY_MATCH = {"model_mention"}
 _FIRST_ONLY = {"platform_prose"}
 
 
-def _rule_facts(lines: list[str], lows: list[str], where: dict[str, set[int]]) -> list[tuple[int, str, Any]]:
+def _rule_facts(lines: list[str], lows: list[str], where: Where) -> list[tuple[int, str, Any]]:
     """The facts of ``_SIMPLE`` and ``_PROSE_FACTS``: each pattern tried only on the lines that hold its
     words, found by substring search over the whole lower-cased text (fast where most lines hold none)."""
     out: list[tuple[int, str, Any]] = []
-    unions: dict[tuple[str, ...], set[int]] = {}  # (several patterns share a group of words)
+    unions: dict[frozenset[str], set[int]] = {}  # (several patterns share a group of words)
     for key, rx, conv, groups in _RULES:
-        hits = [unions[g] if g in unions else unions.setdefault(g, set().union(*(where[w] for w in g))) for g in groups]
-        candidates = set.intersection(*sorted(hits, key=len)) if len(hits) > 1 else hits[0]
-        before = len(out)
-        for n in sorted(candidates):
-            if key in _FIRST_ONLY and len(out) > before:
-                break  # a platform named once says as much as named on every line
-            line = lines[n - 1]
-            if key in _NOT_IN_FRAMES and 'file "' in lows[n - 1] and _FRAME.search(line):
-                continue  # a path in a traceback names no device and no model
-            for m in (rx.finditer(line) if key in _EVERY_MATCH else filter(None, [rx.search(line)])):
-                try:
-                    value = conv(m)
-                except (ValueError, OverflowError):  # a figure no float or integer holds: no fact
-                    continue
-                if value is not None:
-                    out.append((n, key, value))
+        hits = []
+        for group in groups:
+            held = unions.get(group)
+            if held is None:
+                held = unions[group] = where.any_of(group)
+            if not held:
+                break  # (a group no line meets: the pattern has no line to run on)
+            hits.append(held)
+        else:
+            candidates = set.intersection(*sorted(hits, key=len)) if len(hits) > 1 else hits[0]
+            _rule_lines(out, lines, lows, key, rx, conv, candidates)
     out.sort(key=lambda f: f[0])
     return out
+
+
+def _rule_lines(out: list[tuple[int, str, Any]], lines: list[str], lows: list[str], key: str, rx: re.Pattern,
+                conv: Any, candidates: set[int]) -> None:
+    """``_rule_facts``' pattern ``rx`` on its ``candidates`` lines, each fact appended to ``out``."""
+    before = len(out)
+    for n in sorted(candidates):
+        if key in _FIRST_ONLY and len(out) > before:
+            break  # a platform named once says as much as named on every line
+        line = lines[n - 1]
+        if key in _NOT_IN_FRAMES and 'file "' in lows[n - 1] and _FRAME.search(line):
+            continue  # a path in a traceback names no device and no model
+        for m in (rx.finditer(line) if key in _EVERY_MATCH else filter(None, [rx.search(line)])):
+            try:
+                value = conv(m)
+            except (ValueError, OverflowError):  # a figure no float or integer holds: no fact
+                continue
+            if value is not None:
+                out.append((n, key, value))
 
 
 def _title(ev: Evidence, n: int, title: str) -> None:
@@ -858,20 +873,23 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
 )
 """The facts of the reporter's sentences, each pattern with the words its lines must hold first (lower-cased): groups
 of alternatives, every group met, as ``_RULES``'s."""
+_PROSE_GROUPS = tuple(tuple(map(frozenset, groups)) for _, _, groups in _PROSE_FACTS_RX)
 
 
-def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set[int]]) -> None:
+def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> None:
     """What the reporter's sentences (``prose``: lines no program printed) say: prefill/decode disaggregation, the
     TP, a model by its size, memory that grows, an out-of-memory while serving, a question about memory use. Each
     pattern runs only on the prose lines that hold one of its words."""
+    if not prose:
+        return
     text = "\n".join(lines)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line) + 1)
     sized = {bisect.bisect_right(starts, m.start()) for m in _SIZE_HINT.finditer(text)}
     found: list[tuple[int, str, Any]] = []
-    for key, rx, groups in _PROSE_FACTS_RX:
-        lines_of = set.intersection(*(set().union(*(where[w] for w in g)) for g in groups)) if groups else sized
+    for (key, rx, _), groups in zip(_PROSE_FACTS_RX, _PROSE_GROUPS):
+        lines_of = set.intersection(*(where.any_of(g) for g in groups)) if groups else sized
         for n in sorted(lines_of & prose):
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
                 continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.triage.failures says so
@@ -883,7 +901,7 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: dict[str, set
 
 
 _NEEDLES = needles()
-_MESSAGE_STARTS = tuple(sorted({a.split("…")[0].strip().lower() for a in anchors() if len(a.split("…")[0].strip()) >= 12}))
+_MESSAGE_STARTS = frozenset(a.split("…")[0].strip().lower() for a in anchors() if len(a.split("…")[0].strip()) >= 12)
 """The opening words of each catalogued message (``kvaudit.triage.loglines.anchors``): a line holding one may be a message a
 paste wrapped onto the next lines."""
 _CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG) \S+ \S+ "
@@ -917,11 +935,11 @@ def _shell_value(text: str) -> str:
     return text.strip("'\"")
 
 
-def _named_changes(ev: Evidence, lines: list[str], where: dict[str, set[int]]) -> None:
+def _named_changes(ev: Evidence, lines: list[str], where: Where) -> None:
     """vLLM's memory changes the report names by their switch or log line (``kvaudit.triage.changes``: "Model Runner V2",
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): the first line naming each."""
     for change in CHANGES:
-        named = set().union(*(where[name] for name in change.named_by))
+        named = where.any_of(change.named_by)
         if named:
             n = min(named)
             ev.add("change_named", change.release, n, lines[n - 1])
@@ -1042,3 +1060,4 @@ def _smi(ev: Evidence, n: int, line: str) -> None:
 
 _ALL_WORDS = _all_words()
 """Every word a reader of this module (or ``kvaudit.triage.failures``) gates its patterns on."""
+_ALL = Words(_ALL_WORDS)

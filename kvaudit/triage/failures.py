@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kvaudit.triage.lines import lines_holding
+from kvaudit.triage.lines import Where, Words, lines_holding
 
 HOST = "host-memory"
 COLLECTIVE = "collective-library"
@@ -120,12 +120,17 @@ ACTIONS = {
 }
 
 
-def failures(lines: list[str], where: dict[str, set[int]] | None = None) -> list[tuple[str, str, int]]:
+_WORD_SETS = tuple(frozenset(words) for _, _, words, _ in WORDINGS)
+"""Each wording's words, as sets (``Where.any_of``)."""
+_EVERY_WORD = Words(w for words in _WORD_SETS for w in words)
+
+
+def failures(lines: list[str], where: Where | None = None) -> list[tuple[str, str, int]]:
     """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line). ``where``: the lines each
     word is on (``kvaudit.triage.lines.lines_holding``), where the caller has them already."""
     if where is None:
-        where = lines_holding([line.lower() for line in lines], {w for _, _, words, _ in WORDINGS for w in words})
-    holding = [set().union(*(where[w] for w in words)) for _, _, words, _ in WORDINGS]
+        where = lines_holding([line.lower() for line in lines], _EVERY_WORD)
+    holding = [where.any_of(words) for words in _WORD_SETS]
     out: list[tuple[str, str, int]] = []
     for n in sorted(set().union(*holding)):
         line = lines[n - 1]
