@@ -873,7 +873,6 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
 )
 """The facts of the reporter's sentences, each pattern with the words its lines must hold first (lower-cased): groups
 of alternatives, every group met, as ``_RULES``'s."""
-_PROSE_GROUPS = tuple(tuple(map(frozenset, groups)) for _, _, groups in _PROSE_FACTS_RX)
 
 
 def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> None:
@@ -888,7 +887,7 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> Non
         starts.append(starts[-1] + len(line) + 1)
     sized = {bisect.bisect_right(starts, m.start()) for m in _SIZE_HINT.finditer(text)}
     found: list[tuple[int, str, Any]] = []
-    for (key, rx, _), groups in zip(_PROSE_FACTS_RX, _PROSE_GROUPS):
+    for key, rx, groups in _PROSE_FACTS_RX:
         lines_of = set.intersection(*(where.any_of(g) for g in groups)) if groups else sized
         for n in sorted(lines_of & prose):
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:

@@ -120,9 +120,7 @@ ACTIONS = {
 }
 
 
-_WORD_SETS = tuple(frozenset(words) for _, _, words, _ in WORDINGS)
-"""Each wording's words, as sets (``Where.any_of``)."""
-_EVERY_WORD = Words(w for words in _WORD_SETS for w in words)
+_EVERY_WORD = Words(w for _, _, words, _ in WORDINGS for w in words)
 
 
 def failures(lines: list[str], where: Where | None = None) -> list[tuple[str, str, int]]:
@@ -130,7 +128,7 @@ def failures(lines: list[str], where: Where | None = None) -> list[tuple[str, st
     word is on (``kvaudit.triage.lines.lines_holding``), where the caller has them already."""
     if where is None:
         where = lines_holding([line.lower() for line in lines], _EVERY_WORD)
-    holding = [where.any_of(words) for words in _WORD_SETS]
+    holding = [where.any_of(words) for _, _, words, _ in WORDINGS]
     out: list[tuple[str, str, int]] = []
     for n in sorted(set().union(*holding)):
         line = lines[n - 1]

@@ -38,20 +38,17 @@ class Where(dict):
         return out
 
 
-_PREPARED: dict[frozenset[str], Words] = {}
-
-
 def lines_holding(lows: list[str], words: Words | Iterable[str]) -> Where:
-    """For each word of ``words`` that ``lows`` (lower-cased lines) hold, the (1-based) lines holding it."""
+    """For each word of ``words`` that ``lows`` (lower-cased lines) hold, the (1-based) lines holding it; ``words``
+    prepared (``Words``) or, built here each call, any iterable."""
     if not isinstance(words, Words):
-        key = frozenset(words)
-        words = _PREPARED.get(key) or _PREPARED.setdefault(key, Words(key))
+        words = Words(words)  # (a reader prepares its words once, at import)
     text = "\n".join(lows)
     starts = [0]
     for low in lows:
         starts.append(starts[-1] + len(low) + 1)
     where = Where()
-    if ahocorasick_rs is not None and words.automaton is not None:
+    if ahocorasick_rs is not None and words.automaton is not None:  # (the module's flag: a test turns it off)
         ordered = words.ordered
         for k, start, _ in words.automaton.find_matches_as_indexes(text, overlapping=True):
             n = bisect.bisect_right(starts, start)
