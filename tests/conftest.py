@@ -84,6 +84,14 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def pytest_sessionstart(session):
+    """Under mutmut (``bench/mutation.py``) each mutant's run is forked from a process that ran every test first, so
+    what this suite keeps for its session (``plan_for``'s plans) was made there by the unmutated code: a mutant's run
+    plans afresh, with the mutant. (mutmut names the mutant in ``MUTANT_UNDER_TEST``.)"""
+    if "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
+        _PLANS.clear()
+
+
 def pytest_runtest_setup(item):
     """Tests marked ``cuda`` or ``npu`` skip themselves where that meter's probe refuses."""
     from kvaudit.measure.meters import make_meter

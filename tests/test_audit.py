@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvaudit.errors import ConfigError, StrategyFailed
-from kvaudit.measure.audit import audit_all, run_audit
+from kvaudit.measure.audit import audit_all, dry_run, run_audit
 from kvaudit.measure.meters import MetaMeter
 from kvaudit.results import Report, Verdict
 from kvaudit.strategies.builtin import ALIGNMENT, STRATEGIES, Strategy, allocate_per_planned_tensor
@@ -190,3 +190,12 @@ def test_a_refused_strategy_is_skipped_with_its_reason_and_the_others_audited():
     assert skipped == [("ascend-0.11", "vLLM's planner refuses this strategy's rule")]
     with pytest.raises(ConfigError, match="refuses"):  # every strategy refused: the deployment is the bad input
         audit_all(d, chosen[:1], MetaMeter(), skipped=[], plan_for=refuse)
+
+
+def test_the_dry_run_allocates_as_the_deployment_transfers_kv():
+    d = deployment(num_blocks_override=64, max_model_len=1024)
+    s = STRATEGIES["ascend-0.16"]
+    plan = plan_for(d, s.platform)
+    plain, padded = dry_run(plan, s, False), dry_run(plan, s, True)
+    assert len(plain.sizes) == len(padded.sizes) == 12
+    assert [b - a for a, b in zip(plain.sizes, padded.sizes)] == [2 << 20] * 12  # one 2 MiB alignment unit each

@@ -85,6 +85,17 @@ def test_a_device_already_too_full_is_exit_3(npu):
     del hog
 
 
+def test_a_device_with_room_for_no_block_suggests_one(npu):
+    d, fake, meter = npu
+    hog = torch.zeros(1023 << 20, dtype=torch.int8)  # 1 MiB left: a hundredth of one block of this plan
+    s = STRATEGIES["vllm"]
+    plan = plan_for(d, s.platform)
+    with pytest.raises(MeterUnavailable) as e:
+        run_audit(d, plan, s, meter)
+    assert str(e.value).endswith("(free it, or audit a scaled plan with --num-blocks 1)")
+    del hog
+
+
 _KEPT: list = []
 
 
@@ -115,6 +126,7 @@ def test_meta_meter_leak_check_needs_no_device():
     finally:
         _KEPT.clear()
     assert r.leaked_bytes == 4 << 20 and r.verdict is Verdict.FAIL
+    assert r.reasons[-1] == "leaks 4.00 MiB (4,194,304 B): still allocated after its tensors were released"
 
 
 def test_out_of_memory_through_the_cli(npu, capsys, monkeypatch):

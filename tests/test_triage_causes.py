@@ -1,0 +1,228 @@
+"""Triage's conclusion, cause by cause, where the report names no model kvaudit can plan: each test is the one line
+(or the few) that decides a branch, and asserts the cause and the figure that branch computes.
+
+These reports are written for the branch they reach, not taken from a thread. Their lines keep the formats of the
+programs that print them: torch's out-of-memory message (``c10/cuda/CUDACachingAllocator.cpp``), vLLM's worker log
+lines (``vllm/v1/worker/gpu_worker.py``: "Available KV cache memory: %s GiB", "Free memory on device ... on
+startup"; ``gpu_model_runner.py``: "Model loading took %s GiB memory", "Graph capturing finished in %.0f secs, took
+%.2f GiB"; ``vllm/v1/engine/core.py``: "Initializing a V1 LLM engine ... with config:"), nvidia-smi's process rows.
+The real reports are in ``tests/test_triage_golden.py`` and ``tests/test_triage_threads.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.triage.conclude import MATCHES_PLAN, PLAN_NOT_INVOLVED, triage
+from conftest import ROOT
+
+pytestmark = pytest.mark.fast
+
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+       "79.15 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has {held} GiB memory in use. "
+       "Of the allocated memory 60.50 GiB is allocated by PyTorch, and 1.98 GiB is reserved by PyTorch but unallocated.")
+"""The device's 79.15 GiB less this process's share less the free 1.06 GiB is what other processes hold."""
+
+
+def _cause(text: str):
+    t = triage(text)
+    assert t.verdict == MATCHES_PLAN, t.headline
+    return t
+
+
+def test_another_process_in_the_smi_table_is_the_largest_row_that_is_not_vllm():
+    smi = ("|    0   N/A  N/A      2210      C   python3                                   40000MiB |\n"
+           "|    0   N/A  N/A      2211      C   /usr/bin/vllm-worker                      70000MiB |\n")
+    t = _cause(smi + OOM.format(held="75.00"))
+    assert t.cause == "another-process"
+    assert "another process holds 40,000 MB (line 1:" in t.headline  # the vLLM row (70,000 MB) is the engine
+    assert "a process holds 70,000 MB of device memory — line 2" in "\n".join(t.evidence)
+
+
+def test_another_process_the_reporter_names_with_its_size():
+    t = _cause("another process uses 20 GB on the same GPU\n" + OOM.format(held="75.00"))
+    assert t.cause == "another-process"
+    assert "another process holds 20.00 GiB (line 1:" in t.headline
+
+
+def test_another_process_from_the_free_memory_at_start_up_not_the_oom_line():
+    # 79.15 − 75.00 − 1.06 = 3.09 GiB outside this process: under a quarter of the device, so the figure said is
+    # the start-up line's
+    startup = ("ValueError: Free memory on device cuda:0 (30.50/79.15 GiB) on startup is less than desired GPU memory "
+               "utilization (0.9, 71.24 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+               "processes.\n")
+    t = _cause(startup + OOM.format(held="75.00"))
+    assert t.cause == "another-process"
+    assert "another process holds all but 30.50 GiB free at start-up (line 1:" in t.headline
+
+
+def test_another_process_from_the_oom_line_when_it_holds_over_a_quarter():
+    t = _cause(OOM.format(held="30.00"))  # 79.15 − 30.00 − 1.06 = 48.09 GiB held elsewhere
+    assert t.cause == "another-process"
+    assert "48.09 GiB of 79.15 GiB: what this process's PyTorch did not hold" in t.headline
+
+
+def test_a_utilization_the_report_says_works_is_the_cause_and_the_room_it_leaves():
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.92\nwith utilization 0.85 it works\n"
+               + OOM.format(held="78.00"))
+    assert t.cause == "utilization-too-high"
+    assert "the report says 0.85 works (line 2:" in t.headline
+    assert "works at `--gpu-memory-utilization 0.85`; that leaves 5.54 GiB" in t.actions[-1]  # 0.07 × 79.15 GiB
+
+
+def test_a_small_utilization_the_report_sets_leaves_no_room():
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.4\n" + OOM.format(held="78.00"))
+    assert t.cause == "no-room-for-kv-cache"
+    assert "the report sets `--gpu-memory-utilization 0.4`" in t.headline
+
+
+def test_weights_over_the_utilizations_share_recommend_a_utilization():
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.8\n"
+               "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 70.5 GiB memory and 20.1 seconds\n"
+               + OOM.format(held="78.00"))
+    assert t.cause == "no-room-for-kv-cache"
+    assert "vLLM may use 63.32 GiB of the 79.15 GiB device, and the weights alone take 70.50 GiB" in t.headline
+    assert t.recommended_utilization == 0.9  # min(0.9, 70.5 / 79.15 + 0.1)
+
+
+def test_a_negative_budget_recommends_the_utilization_that_covers_it_and_2_gib():
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.8\n"
+               "INFO 01-23 15:50:29 [gpu_worker.py:298] Available KV cache memory: -2.50 GiB\n"
+               + OOM.format(held="78.00"))
+    assert t.cause == "no-room-for-kv-cache"
+    assert t.recommended_utilization == 0.86  # 0.8 + (2.50 + 2) GiB / 79.15 GiB, to two places
+    assert "The budget is short by 2.50 GiB: `--gpu-memory-utilization 0.86`" in t.actions[-1]
+
+
+def test_a_budget_of_exactly_zero_is_the_device_running_out():
+    t = _cause("INFO 01-23 15:50:29 [gpu_worker.py:298] Available KV cache memory: 0.00 GiB\n"
+               "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert t.cause == "no-room-for-kv-cache"  # not "no memory error" for the RuntimeError
+    assert "the KV budget logged is 0 B" in t.headline
+
+
+def test_an_out_of_memory_in_kv_cache_planning_is_before_any_allocator():
+    t = _cause('Traceback (most recent call last):\n'
+               '  File "/usr/lib/python3/site-packages/vllm/v1/core/kv_cache_utils.py", line 1000, in '
+               'get_kv_cache_config\n' + OOM.format(held="78.00"))
+    assert t.phase == "kv-cache planning"
+    assert "the device ran out during kv-cache planning, before any KV cache was allocated" in t.headline
+
+
+def test_an_out_of_memory_in_weight_loading_is_before_any_allocator():
+    t = _cause('Traceback (most recent call last):\n'
+               '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2000, in load_model\n'
+               + OOM.format(held="78.00"))
+    assert (t.phase, t.cause) == ("weight loading", "weights")
+    assert "the device ran out during weight loading, before any KV cache was allocated" in t.headline
+
+
+def test_the_engine_config_lines_device_config_names_the_platform():
+    t = triage("INFO 12-15 11:45:09 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: "
+               "model='/models/x', dtype=torch.bfloat16, device_config=npu, enforce_eager=True\n"
+               "RuntimeError: out of memory")
+    assert t.deployment["platform"].value == "ascend"
+    assert t.deployment["platform"].source.startswith("line 1: INFO 12-15")
+
+
+def test_tp_is_not_inferred_from_ranks_when_pp_is_given():
+    t = _cause("vllm serve /models/x --pipeline-parallel-size 2\n"
+               "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert t.deployment["tensor parallel size"].value == 1  # rank 3 of TP × PP = 4 ranks, not TP 4
+    assert t.deployment["tensor parallel size"].source == "assumed: no TP in the report"
+
+
+def test_evidence_says_graphs_were_captured_without_a_value():
+    t = _cause("INFO 01-23 15:50:29 [gpu_model_runner.py:3480] Graph capturing finished in 18 secs, took 0.53 GiB\n"
+               "during inference with long prompts the service shows out of memory")
+    assert t.cause == "activations-while-serving"
+    assert ("it captured graphs — line 1: `INFO 01-23 15:50:29 [gpu_model_runner.py:3480] Graph capturing finished in "
+            "18 secs, took 0.53 GiB`") in t.evidence
+
+
+def test_evidence_lists_at_most_twelve_flags_the_parser_did_not_take():
+    t = _cause("vllm serve /models/x " + " ".join(f"--made-up-{i} {i}" for i in range(14))
+               + "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    unread = [e for e in t.evidence if e.startswith("not an engine argument")]
+    assert len(unread) == 12
+    assert unread[-1].endswith("--made-up-11 11 — line 1")
+
+
+def test_a_non_memory_error_is_plan_not_involved():  # the contrast of the zero budget above
+    t = triage("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "not-out-of-memory")
+
+
+def _reconstruct(text: str, config: str | None = None):
+    from kvaudit.triage.conclude import reconstruct
+    from kvaudit.triage.evidence import clean_lines, extract
+
+    return reconstruct(extract(clean_lines(text)), config)
+
+
+def test_a_hub_model_the_report_names_is_read_from_its_config(monkeypatch):
+    import kvaudit.triage.conclude as conclude
+
+    real = conclude.load_model
+    asked = []
+
+    def from_cache(preset, ref, *a, **k):  # the Hugging Face cache, as a fixture folder
+        asked.append(ref)
+        return real(None, str(ROOT / "fixtures" / "configs" / "qwen3-8b"))
+
+    monkeypatch.setattr(conclude, "load_model", from_cache)
+    values, missing, inputs = _reconstruct("vllm serve some-org/Some-Model-8B --max-model-len 4096\n"
+                                           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert asked == ["some-org/Some-Model-8B"]
+    assert inputs.spec is not None and inputs.family_of is None and values["model"].value == inputs.spec.name
+    assert values["model"].source == ("line 1: vllm serve some-org/Some-Model-8B --max-model-len 4096 → its config.json "
+                                      "from the Hugging Face cache or the Hub")
+    assert values["tensor parallel size"].source == "assumed: no TP in the report"  # no preset's deployment stands in
+
+
+def test_a_config_given_beside_the_report_names_the_reports_model_too():
+    config = str(ROOT / "fixtures" / "configs" / "qwen3-8b")
+    values, _, inputs = _reconstruct("vllm serve /models/x\ntorch.OutOfMemoryError: CUDA out of memory.", config)
+    assert values["model"].source == f"--config {config} (report: line 1: vllm serve /models/x)"
+    values, _, _ = _reconstruct("torch.OutOfMemoryError: CUDA out of memory.", config)
+    assert values["model"].source == f"--config {config}"
+
+
+def test_a_log_with_the_kv_cache_size_ran_past_vllms_max_model_len_check():
+    _, _, inputs = _reconstruct("INFO 01-23 15:50:29 [kv_cache_utils.py:1087] GPU KV cache size: 123,456 tokens\n"
+                                "torch.OutOfMemoryError: CUDA out of memory.")
+    assert inputs.ran is not None and inputs.ran.key == "kv_cache_tokens"
+    _, _, inputs = _reconstruct("torch.OutOfMemoryError: CUDA out of memory.")
+    assert inputs.ran is None
+
+
+def test_a_deployment_vllms_planner_refuses_says_so_and_asks_for_the_logged_budget():
+    # Llama 3.1 8B at 0.25 of an 80 GB device: a positive budget far below one 131,072-token request
+    t = triage("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 131072 --gpu-memory-utilization 0.25\n"
+               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert t.verdict == "insufficient-information"
+    assert t.headline.startswith("vLLM's planner refuses the reconstructed deployment: vLLM (any release): vLLM's "
+                                 "planner refused the budget of ")
+    assert "(one block of every group needs 2,097,152 B)" in t.headline  # 32 layers × 16 tokens × 4 KiB
+    assert "To serve at least one request with the model's max seq len (131072)" in t.headline
+    assert t.ask_for[0] == "the startup log lines with 'Available KV cache memory' or 'Available memory'"
+
+
+def test_an_ascend_workers_memory_line_alone_names_the_platform():
+    t = triage("INFO [worker.py:1] Available memory: 1000, total memory: 65452113920\nRuntimeError: out of memory")
+    assert t.deployment["platform"].value == "ascend"  # no "NPU" or "Ascend" in the text: the log line's format
+
+
+def test_a_deployment_vllm_refuses_outright_is_answered_without_a_plan():
+    t = _cause("vllm serve Qwen/Qwen3-8B --tensor-parallel-size 3\n"
+               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")  # 32 heads over 3 ranks
+    assert "the full startup log, from `vllm serve` to the error" in t.ask_for
+    assert t.headline.startswith("The allocation is not the cause: on CUDA the allocator is upstream vLLM's")
+
+
+def test_launches_read_without_vllms_parser_are_named(monkeypatch):
+    from kvaudit.triage import commands
+
+    monkeypatch.setattr(commands, "_PARSER", [None])
+    t = _cause("vllm serve /models/own-reader --gpu-memory-utilization 0.4\n" + OOM.format(held="78.00"))
+    assert t.not_parsed == ("line 1: `vllm serve /models/own-reader --gpu-memory-utilization 0.4`",)
+    assert t.deployment["gpu_memory_utilization"].value == 0.4
