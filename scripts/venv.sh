@@ -10,20 +10,46 @@ KVAUDIT_VLLM_ALSO="0.23.0"             # also tested, in .venv-vllm-0.23.0/ (vll
 kvaudit_venv() {
   local version="$1" venv="$2" req="$KVAUDIT_ROOT/requirements"
   local want log
-  want="$(cat "$req/vllm-$version"/*.txt "$req/test.txt" "$req/release-fetch.txt" "$KVAUDIT_ROOT/pyproject.toml" \
-          | sha256sum | cut -d' ' -f1)"
+  want="$(cat "$req/vllm-$version"/*.txt "$req/test.txt" "$req/release-fetch.txt" "$req/installer.txt" \
+          "$KVAUDIT_ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
   if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.kvaudit-stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
-  echo "kvaudit: setting up $venv (lean CPU vLLM $version: about 2 minutes the first time)" >&2
+  echo "kvaudit: setting up $venv (lean CPU vLLM $version: about a minute the first time)" >&2
   log="$(mktemp)"
   {
     "${PYTHON:-python3}" -m venv "$venv" &&
-    "$venv/bin/python" -m pip install -r "$req/vllm-$version/planner-cpu.txt" &&
-    "$venv/bin/python" -m pip install --no-deps -r "$req/vllm-$version/nodeps.txt" &&
-    "$venv/bin/python" -m pip install -r "$req/test.txt" -r "$req/release-fetch.txt" &&
+    _kvaudit_install "$venv" -r "$req/vllm-$version/planner-cpu.txt" &&
+    _kvaudit_install "$venv" --no-deps -r "$req/vllm-$version/nodeps.txt" &&
+    _kvaudit_install "$venv" -r "$req/test.txt" -r "$req/release-fetch.txt" &&
     "$venv/bin/python" -m pip install --no-deps -e "$KVAUDIT_ROOT"
   } >"$log" 2>&1 || { tail -n 40 "$log" >&2; echo "kvaudit: setup of $venv failed; full log: $log" >&2; return 1; }
   rm -f "$log"
   echo "$want" > "$venv/.kvaudit-stamp"
+}
+
+# _kvaudit_install VENV PIP-INSTALL-ARGS...: uv (requirements/installer.txt) where it installs, else pip. uv does not
+# read pip's configuration, so the package sources pip is configured with (find-links folders, http(s) indexes:
+# where this machine kind keeps the CPU build of torch) are handed to it; uv compiles the bytecode as pip does.
+_kvaudit_install() {
+  local venv="$1"; shift
+  local sources=() key value
+  if [ ! -x "$venv/bin/uv" ]; then
+    "$venv/bin/python" -m pip install -q -r "$KVAUDIT_ROOT/requirements/installer.txt" || true
+  fi
+  if [ -x "$venv/bin/uv" ]; then
+    while IFS='=' read -r key value; do
+      value="${value//\'/}"
+      for value in $value; do
+        case "$key:$value" in
+          *.find-links:*) [ -e "$value" ] && sources+=(--find-links "$value") ;;
+          *.index-url:http*) [[ "$key" == *extra-index-url ]] && sources+=(--extra-index-url "$value") ||
+                               sources+=(--index-url "$value") ;;
+        esac
+      done
+    done < <("$venv/bin/python" -m pip config list 2>/dev/null)
+    "$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode "${sources[@]}" "$@" && return 0
+    echo "kvaudit: uv could not install ($*); pip does" >&2
+  fi
+  "$venv/bin/python" -m pip install "$@"
 }
