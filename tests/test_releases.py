@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -622,6 +623,43 @@ def test_a_cached_sdist_without_its_record_is_fetched_again(tmp_path, monkeypatc
     releases._record(copy).unlink()
     assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
     assert releases._recorded_sha256(copy) == releases._sha256(good)
+
+
+def test_processes_that_fetch_one_release_at_once_fetch_it_once(tmp_path, monkeypatch):
+    """Two suites (or a user's two runs) that want the same release together: the second waits for the first's
+    fetch and uses it. Separate processes, as flock(2) locks are between open files."""
+    import multiprocessing
+
+    good, copy, _ = _cache_with(tmp_path, monkeypatch)
+    for path in (copy, releases._record(copy)):
+        path.unlink()  # an empty cache
+    log = tmp_path / "fetches.log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fetch_logged, args=(str(good), str(log))) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert log.read_text().split() == ["fetched", f"got:{copy}", f"got:{copy}"]
+
+
+def _fetch_logged(good: str, log: str) -> None:
+    """In a forked process: ``fetch_sdist`` with a ``_download`` that is slow and says so in ``log``."""
+    import shutil
+    import time
+
+    def download(v, into):
+        time.sleep(0.5)
+        with open(log, "a") as f:
+            f.write("fetched\n")
+        shutil.copy(good, into / Path(good).name)
+        return into / Path(good).name, None
+
+    releases._download = download
+    got = releases.fetch_sdist("0.13.0")
+    with open(log, "a") as f:
+        f.write(f"got:{got}\n")
 
 
 def test_an_sdist_that_is_not_the_published_one_is_refused_and_not_cached(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ before), made with the block-size rule of that release. vllm_ascend itself is ne
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -108,31 +109,58 @@ def builtin_strategy_for(version: str) -> str:
 def fetch_sdist(version: str) -> Path:
     """The release's sdist, from the cache or fetched with ``pip download`` into it. A cached sdist is used only
     while its SHA-256 is the one the package index published for it (recorded beside it when it was fetched,
-    ``NAME.sha256.json``); a truncated, corrupt or unrecorded one is fetched again."""
+    ``NAME.sha256.json``); a truncated, corrupt or unrecorded one is fetched again. Processes that want the same
+    release at once take turns (a lock file beside its folder): the first fetches it, the others then find it."""
     if not _VERSION.fullmatch(version):
         raise UsageError(f"{PACKAGE}=={version!r}: not a release version (e.g. vllm-ascend==0.13.0)")
     target = cache_dir() / "sdists" / f"{PACKAGE}-{version}"
     try:
-        for found in sorted(target.glob("*.tar.gz")) if target.is_dir() else []:
-            if _recorded_sha256(found) == _sha256(found):
-                return found
-            found.unlink()  # not what the index published (a fetch cut short, a disk error): fetched again
-            _record(found).unlink(missing_ok=True)
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            got, page = _download(version, Path(tmp))
-            digest = _sha256(got)
-            published = _published_sha256(page, got.name) if page else None
-            if published is not None and published != digest:
-                raise StrategyFailed(f"the {PACKAGE} {version} sdist pip fetched ({got.name}, sha256 {digest[:12]}…) "
-                                     f"is not the one {page} publishes (sha256 {published[:12]}…); nothing was cached")
-            final = target / got.name
-            _record(final).write_text(json.dumps({"sha256": published or digest, "index": page,
-                                                  "published": published is not None}) + "\n")
-            os.replace(got, final)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target.with_name(f".{target.name}.lock")):
+            return _cached_or_fetched(version, target)
     except OSError as e:  # a cache folder that cannot be written (read-only, full, not a folder)
         raise StrategyFailed(f"cannot use the release cache {cache_dir()}: {e.strerror or e} (set KVAUDIT_CACHE_DIR "
                              "to a writable folder)") from None
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (created), held while the block runs, for processes that share the cache. A
+    cache that cannot be written is read without one (a fetch into it then fails as it would have)."""
+    import fcntl
+
+    try:
+        f = path.open("a")
+    except OSError:
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cached_or_fetched(version: str, target: Path) -> Path:
+    """``fetch_sdist`` under its lock: the cached sdist while its hash is the recorded one, else fetched."""
+    for found in sorted(target.glob("*.tar.gz")) if target.is_dir() else []:
+        if _recorded_sha256(found) == _sha256(found):
+            return found
+        found.unlink()  # not what the index published (a fetch cut short, a disk error): fetched again
+        _record(found).unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        got, page = _download(version, Path(tmp))
+        digest = _sha256(got)
+        published = _published_sha256(page, got.name) if page else None
+        if published is not None and published != digest:
+            raise StrategyFailed(f"the {PACKAGE} {version} sdist pip fetched ({got.name}, sha256 {digest[:12]}…) "
+                                 f"is not the one {page} publishes (sha256 {published[:12]}…); nothing was cached")
+        final = target / got.name
+        _record(final).write_text(json.dumps({"sha256": published or digest, "index": page,
+                                              "published": published is not None}) + "\n")
+        os.replace(got, final)
     return final
 
 
