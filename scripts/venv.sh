@@ -19,10 +19,8 @@ kvaudit_venv() {
   log="$(mktemp)"
   {
     "${PYTHON:-python3}" -m venv "$venv" &&
-    _kvaudit_install "$venv" -r "$req/vllm-$version/planner-cpu.txt" &&
-    _kvaudit_install "$venv" --no-deps -r "$req/vllm-$version/nodeps.txt" &&
-    _kvaudit_install "$venv" -r "$req/test.txt" -r "$req/release-fetch.txt" &&
-    "$venv/bin/python" -m pip install --no-deps -e "$KVAUDIT_ROOT"
+    _kvaudit_install "$venv" -r "$req/vllm-$version/planner-cpu.txt" -r "$req/test.txt" -r "$req/release-fetch.txt" &&
+    _kvaudit_install "$venv" --no-deps -r "$req/vllm-$version/nodeps.txt" -e "$KVAUDIT_ROOT"
   } >"$log" 2>&1 || { tail -n 40 "$log" >&2; echo "kvaudit: setup of $venv failed; full log: $log" >&2; return 1; }
   rm -f "$log"
   echo "$want" > "$venv/.kvaudit-stamp"
@@ -33,22 +31,25 @@ kvaudit_venv() {
 # where this machine kind keeps the CPU build of torch) are handed to it; uv compiles the bytecode as pip does.
 _kvaudit_install() {
   local venv="$1"; shift
-  local sources=() key value
+  local key value
   if [ ! -x "$venv/bin/uv" ]; then
     "$venv/bin/python" -m pip install -q -r "$KVAUDIT_ROOT/requirements/installer.txt" || true
   fi
   if [ -x "$venv/bin/uv" ]; then
-    while IFS='=' read -r key value; do
-      value="${value//\'/}"
-      for value in $value; do
-        case "$key:$value" in
-          *.find-links:*) [ -e "$value" ] && sources+=(--find-links "$value") ;;
-          *.index-url:http*) [[ "$key" == *extra-index-url ]] && sources+=(--extra-index-url "$value") ||
-                               sources+=(--index-url "$value") ;;
-        esac
-      done
-    done < <("$venv/bin/python" -m pip config list 2>/dev/null)
-    "$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode "${sources[@]}" "$@" && return 0
+    if [ -z "${_kvaudit_sources+set}" ]; then  # (once per environment set up)
+      _kvaudit_sources=()
+      while IFS='=' read -r key value; do
+        value="${value//\'/}"
+        for value in $value; do
+          case "$key:$value" in
+            *.find-links:*) [ -e "$value" ] && _kvaudit_sources+=(--find-links "$value") ;;
+            *.extra-index-url:http*) _kvaudit_sources+=(--extra-index-url "$value") ;;
+            *.index-url:http*) _kvaudit_sources+=(--index-url "$value") ;;
+          esac
+        done
+      done < <("$venv/bin/python" -m pip config list 2>/dev/null)
+    fi
+    "$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode "${_kvaudit_sources[@]}" "$@" && return 0
     echo "kvaudit: uv could not install ($*); pip does" >&2
   fi
   "$venv/bin/python" -m pip install "$@"
