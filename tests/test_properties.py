@@ -294,23 +294,32 @@ def _recombined(rng: random.Random) -> tuple[str, str | None]:
     return rng.choice(["\n", "\r\n"]).join(out), title
 
 
-@_settings("report_recombined")
-@given(seed=st.integers(0, 2**63 - 1))
-def test_ten_thousand_recombined_reports_are_read_and_answered_in_the_schema(seed):
-    """Issue 21's property: every report made of real material gets a schema-valid answer, never a traceback. The
-    reports are drawn from a seed (hypothesis prints it on a failure), so that 10,000 of them take a minute."""
-    text, title = _recombined(random.Random(seed))
-    holder = {}
-
-    def run():
-        holder["t"] = triage_report(text, title=title)
-
+def test_ten_thousand_recombined_reports_are_read_and_answered_in_the_schema():
+    """Issue 21's property: every report made of real material gets a schema-valid answer, never a traceback. Each
+    report is drawn from its seed (``_recombined``): a plain loop over ``EXAMPLES["report_recombined"]`` seeds, the
+    first that fails named, since hypothesis added 1.7 ms to each 2.6 ms report and can shrink a seed no further.
+    ``KVAUDIT_HYPOTHESIS=explore`` draws the seeds at random."""
+    explore = os.environ.get("KVAUDIT_HYPOTHESIS") == "explore"
+    scale = float(os.environ.get("KVAUDIT_HYPOTHESIS_SCALE", "1"))
+    seeds = range(max(1, int(EXAMPLES["report_recombined"] * scale)))
+    if explore:
+        seeds = [random.SystemRandom().randrange(2 ** 63) for _ in seeds]
     with _without_vllm():
-        code = _ending(run)
-    assert code in (0, 2)
-    if code == 0:
-        TRIAGE_VALIDATOR.validate(holder["t"].to_dict())
-        assert holder["t"].to_markdown().startswith("### kvaudit triage: ")
+        for seed in seeds:
+            text, title = _recombined(random.Random(seed))
+            holder = {}
+
+            def run():
+                holder["t"] = triage_report(text, title=title)  # noqa: B023 - called at once, in this iteration
+
+            try:
+                code = _ending(run)
+                assert code in (0, 2)
+                if code == 0:
+                    TRIAGE_VALIDATOR.validate(holder["t"].to_dict())
+                    assert holder["t"].to_markdown().startswith("### kvaudit triage: ")
+            except AssertionError as e:
+                raise AssertionError(f"the report of seed {seed} (_recombined(random.Random({seed}))): {e}") from e
 
 
 def triage_report(text: str, title: str | None = None):
