@@ -210,10 +210,17 @@ def test_deployment_options_beyond_any_real_deployment_are_refused_before_buildi
     ("hidden_size", "abc", "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError"),
     ("intermediate_size", 1.5, "Validation error for field 'intermediate_size'"),
 ])
-def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_reason(tmp_path, capsys, field, value,
-                                                                                         reason):
+def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_reason(tmp_path, capsys, monkeypatch,
+                                                                                         field, value, reason):
+    """... at once: vLLM's ``with_retry`` around its read of config.json waits 2 s and reads it again, for a Hub
+    download; kvaudit hands it a local folder, read once."""
+    import time
+
+    waits = []
+    monkeypatch.setattr(time, "sleep", waits.append)
     cfg = json.loads((ROOT / "fixtures/configs/llama-3.1-8b/config.json").read_text())
     cfg[field] = value
     code = main(["plan", "--config", _write(tmp_path, cfg)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("kvaudit: error: vLLM rejected") and reason in err[0], err
+    assert waits == []

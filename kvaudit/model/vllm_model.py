@@ -276,6 +276,13 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
         # weights are the same either way.
         out.append((sys.modules, gemm_rs_ar, _module(gemm_rs_ar, maybe_init_gemm_rs_ar=lambda *_a, **_k: False)))
     out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
+    hf_config = _optional("vllm.transformers_utils.config")
+    if hf_config is not None and hasattr(hf_config, "with_retry"):
+        # vllm/transformers_utils/repo_utils.py with_retry, around get_config's read of config.json: it retries a
+        # failed read after 2 s, for a Hub download that failed on the way. kvaudit hands vLLM a local folder
+        # (kvaudit.model.hub resolves a Hub id to its cached snapshot first), where a config vLLM refuses is
+        # refused again: it is read once, and the refusal comes 2 s sooner.
+        out.append((hf_config, "with_retry", lambda func, *_a, **_k: func()))
     if not torch.cuda.is_available():
         # torch.cuda.Stream() / torch.cuda.Event() where a model builds its side streams for overlapping kernels
         # (vllm/models/kimi_k3/nvidia/model.py KimiLinearModel.__init__, its MLA / KDA layers; DeepSeek-V4 and
