@@ -64,11 +64,15 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-LONGEST_FIRST = ("test_properties.py", "test_releases.py", "test_triage_threads.py", "test_devices.py",
-                 "test_cli.py", "test_device_check.py", "test_wheel.py", "test_widths.py")
-"""The test files that take longest (``bench/suite.py`` prints them), run first: ``scripts/test`` hands its
-workers whole files in this order (``--no-loadscope-reorder``), so that no long file starts last and the two
-workers end together."""
+LONGEST_FIRST = ("test_properties.py", "test_releases.py", "test_cli.py", "test_wheel.py", "test_pytest_plugin.py",
+                 "test_readme.py", "test_vllm_model_standins.py", "test_triage_threads.py", "test_triage_golden.py",
+                 "test_planfile.py",
+                 "test_model_files.py", "test_check.py", "test_device_check.py", "test_widths.py", "test_families.py",
+                 "test_page.py", "test_devices.py", "test_triage.py", "test_loglines.py", "test_strategies.py")
+"""The test files that take longest on a worker (``bench/suite.py`` prints them; each 5 s or more), run first:
+``scripts/test`` hands its workers whole files in this order (``--no-loadscope-reorder``), so that no long file
+starts last and the two workers end together (a model-building file that started last kept one worker 16 s
+after the other had ended)."""
 
 
 def pytest_collection_modifyitems(config, items):
