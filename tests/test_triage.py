@@ -14,7 +14,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.triage.conclude import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
 from kvaudit.triage.evidence import MAX_REPORT_BYTES, clean_lines, extract
-from conftest import ROOT
+from conftest import ROOT, each_vllm
 
 pytestmark = pytest.mark.fast
 
@@ -30,6 +30,7 @@ def _triage(name: str, text: str | None = None):
     return t
 
 
+@each_vllm  # (the seed case concluded from each vLLM's plan: the shared_by and the layers forms)
 def test_buggy_release_over_allocates_4x():
     t = _triage("ascend-0.11-qwen3-next-oom.log")
     assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(4.0, rel=1e-3)
@@ -51,6 +52,7 @@ def test_buggy_release_over_allocates_4x():
     assert any("PR #3760" in a for a in t.actions)
 
 
+@each_vllm
 def test_pr_3760_release_over_allocates_2x():
     t = _triage("ascend-0.13-qwen3-next-oom.log")
     assert t.verdict == OVER_ALLOCATION and t.factor == pytest.approx(2.0, rel=1e-3)
