@@ -43,8 +43,9 @@ def run_suite(python: Path, workers: int, pytest_args: list[str]) -> dict:
     """One suite under the plugin; its workers' files merged into one record."""
     with tempfile.TemporaryDirectory(prefix="kvaudit-suite-") as tmp:
         path = os.path.join(tmp, "profile.json")
-        env = dict(os.environ, KVAUDIT_SUITE_PROFILE=path,
+        env = dict(os.environ, KVAUDIT_SUITE_PROFILE=path,  # (bytecode written, as scripts/test lets it be)
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")])))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         args = [str(python), "-m", "pytest", "-q", "-p", "suite_plugin", "-p", "no:cacheprovider"]
         if workers:
             args += ["-n", str(workers), "--dist", "loadfile"]
@@ -64,7 +65,8 @@ def _file(nodeid: str) -> str:
 
 
 def report(suite: dict, top: int) -> None:
-    procs = suite["processes"]
+    # under xdist the controller runs no test: it waits for its workers, whose CPU would count as its children's
+    procs = [p for p in suite["processes"] if p.get("worker")] or suite["processes"]
     tests = {k: v for p in procs for k, v in p["tests"].items()}
     kinds_total: collections.Counter = collections.Counter()
     kinds_by_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -78,7 +80,8 @@ def report(suite: dict, top: int) -> None:
     collection = sum(p["collection"]["wall"] for p in procs)
     outcomes = collections.Counter(t["outcome"] for t in tests.values())
     print(f"\n== {suite['python']}: {suite['summary']}")
-    print(f"wall {suite['wall']:.1f} s with {len(procs)} process(es); CPU {cpu:.1f} s in pytest, {children:.1f} s in "
+    workers = f" ({len(procs)} workers; the controller left out)" if len(procs) < len(suite["processes"]) else ""
+    print(f"wall {suite['wall']:.1f} s with {len(procs)} process(es){workers}; CPU {cpu:.1f} s in pytest, {children:.1f} s in "
           f"subprocesses; collection {collection:.1f} s (in all processes); tests: "
           + ", ".join(f"{n} {o}" for o, n in outcomes.most_common()))
     spent = sum(kinds_total.values())
