@@ -48,7 +48,7 @@ def run_suite(python: Path, workers: int, pytest_args: list[str]) -> dict:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         args = [str(python), "-m", "pytest", "-q", "-p", "suite_plugin", "-p", "no:cacheprovider"]
         if workers:
-            args += ["-n", str(workers), "--dist", "loadfile"]
+            args += ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]  # as scripts/test
         t0 = time.perf_counter()
         p = subprocess.run(args + pytest_args, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
