@@ -43,6 +43,7 @@ class SourceTree:
         self.label = label
         self.root, self.tarball = root, tarball
         self._members: dict[str, str] | None = None
+        self._parsed: dict[str, ast.Module] = {}
 
     def read(self, rel: str) -> str | None:
         """The text of ``rel`` (e.g. ``vllm_ascend/utils.py``; of the other files, ``_OTHER_FILES``), or
@@ -64,6 +65,16 @@ class SourceTree:
                                      f"{' '.join(str(e).split()) or 'truncated'}") from None
             self._members = members
         return self._members.get(rel)
+
+    def parse(self, rel: str | None) -> ast.Module | None:
+        """The syntax tree of ``rel`` (an empty module where the file is absent), parsed once per tree: one
+        release's code reads the same files many times (``vllm_ascend/utils.py`` ten times for 0.29). Shared:
+        what is compiled from it is compiled as it is or from a copy (``_bare``), never changed in place."""
+        if rel is None:
+            return None
+        if rel not in self._parsed:
+            self._parsed[rel] = ast.parse(self.read(rel) or "", filename=rel)
+        return self._parsed[rel]
 
     def module_file(self, module: str) -> str | None:
         """The relative path of a dotted module in this tree, if it is there."""
@@ -154,7 +165,7 @@ def extract_allocator(tree: SourceTree, module: str, class_name: str,
     rel = tree.module_file(module)
     if rel is None:
         raise StrategyFailed(f"{tree.label} has no {module}")
-    mod = ast.parse(tree.read(rel) or "", filename=rel)
+    mod = tree.parse(rel)
     cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     if cls is None:
         raise StrategyFailed(f"{tree.label}: {module} defines no class {class_name}")
@@ -255,7 +266,7 @@ def stand_in(label: str, path: str, attributes: dict[str, Any], methods: dict[st
 def class_literals(tree: SourceTree, module: str, class_name: str) -> dict[str, Any]:
     """The class-level names of ``class_name`` bound to literals (``supports_x = True``)."""
     rel = tree.module_file(module)
-    mod = ast.parse(tree.read(rel) or "", filename=rel) if rel else None
+    mod = tree.parse(rel)
     cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None) if mod else None
     return _constants(ast.Module(body=cls.body, type_ignores=[])) if cls else {}
 
@@ -266,7 +277,7 @@ def extract_method(tree: SourceTree, module: str, class_name: str, name: str,
     class has no such method: a runner base-class method the allocation code calls. ``known`` as for
     ``extract_allocator``."""
     rel = tree.module_file(module)
-    mod = ast.parse(tree.read(rel) or "", filename=rel) if rel else None
+    mod = tree.parse(rel)
     cls = next((n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == class_name), None) if mod else None
     fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None) if cls else None
     if rel is None or mod is None or fn is None:
@@ -391,7 +402,7 @@ class _Loader:
     def from_tree(self, module: str, attr: str, name: str) -> Any:
         """A module-level function of the same source tree, compiled from its source."""
         rel = self.tree.module_file(module)
-        mod = ast.parse(self.tree.read(rel) or "", filename=rel) if rel else None
+        mod = self.tree.parse(rel)
         node = next((n for n in mod.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == attr),
                     None) if mod else None
         if mod is not None and node is None and attr in (constants := _constants(mod)):
@@ -425,7 +436,7 @@ class _Loader:
     def _is_module(self, package: str, attr: str) -> bool:
         """Whether ``from package import attr`` names a module of the tree rather than a function."""
         rel = self.tree.module_file(package)
-        mod = ast.parse(self.tree.read(rel) or "", filename=rel) if rel else None
+        mod = self.tree.parse(rel)
         defined = {n.name for n in mod.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} if mod else set()
         return attr not in defined
 
