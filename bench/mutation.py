@@ -2,12 +2,13 @@
 audit, the verdict, capacity and triage's conclusion the tests kill. Prints a score per module and in all; asserts
 nothing.
 
-Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE]   (installs mutmut 3.8.1
-into the environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is
-hours on 2 CPUs; ``--sample N`` runs N of them drawn at random (seeded) and scores those, writing their names to
+Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume]   (installs
+mutmut 3.8.1 into the environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant
+of the core is some 80 minutes on 2 CPUs; ``--sample N`` runs N of them drawn at random (seeded) and scores those, writing their names to
 ``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is the same, the same
-mutants), so that two trees are measured the same way. Survivors: ``.venv/bin/python -m mutmut results``; one of them:
-``.venv/bin/python -m mutmut show NAME``.
+mutants), so that two trees are measured the same way; ``--resume`` goes on with a run of every mutant that was
+stopped (mutmut keeps each mutant's result in ``mutants/``). Survivors: ``.venv/bin/python -m mutmut results``;
+one of them: ``.venv/bin/python -m mutmut show NAME``.
 """
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
     ap.add_argument("--names", type=Path, help="run and score the mutants a SAMPLE file names (another tree's "
                     "mutants/sample.json: the same mutants, where the code is the same)")
+    ap.add_argument("--resume", action="store_true", help="go on with the last run of every mutant: the mutants "
+                    "it did not reach (mutmut keeps each result in mutants/)")
     ap.add_argument("--report-only", action="store_true", help="score the last run in mutants/")
     a = ap.parse_args()
     if not a.report_only:
         if importlib.util.find_spec("mutmut") is None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
-        shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+        if not a.resume:
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+        elif SAMPLE.exists():
+            sys.exit("mutation.py: --resume goes on with a run of every mutant; the last run drew a sample")
         t0 = time.perf_counter()
         names: list[str] = []
         if a.sample or a.names:
