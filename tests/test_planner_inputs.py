@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -64,3 +66,106 @@ def test_config_code_is_refused_without_trust_remote_code_and_says_how(tmp_path)
         planner.make_deployment(spec, tp=1, max_model_len=1024, device="h100-80g", gpu_memory_utilization=0.9)
     assert e.value.message == (f"{spec.name}'s config is code in its folder (configuration_made_up.MadeUpConfig), which "
                                "vLLM runs only with --trust-remote-code: give it if you trust that code")
+
+
+def test_planning_without_vllm_says_what_to_install(monkeypatch):
+    from kvaudit.errors import MissingDependency
+
+    monkeypatch.setattr(planner, "_VLLM", None)
+    monkeypatch.setattr(planner, "vllm_version", lambda: None)
+    with pytest.raises(MissingDependency) as e:
+        planner.load_vllm()
+    assert str(e.value) == ("vLLM is not installed in this environment; kvaudit plans with vLLM's own planner: install "
+                            "vllm (see README: install), or audit a saved plan with kvaudit audit --plan PLAN.json, "
+                            "which needs only torch")
+
+
+def test_the_modules_vllm_plans_with_are_its_own(monkeypatch):
+    monkeypatch.setattr(planner, "_VLLM", None)
+    v = planner.load_vllm()
+    assert v.version == planner.vllm_version()
+    names = {k: getattr(v, k).__name__ for k in ("config", "iface", "kv_cache_utils", "flash_attn", "backend_utils",
+                                                  "platform_iface", "worker_utils")}
+    assert names == {"config": "vllm.config", "iface": "vllm.v1.kv_cache_interface",
+                     "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+                     "flash_attn": "vllm.v1.attention.backends.flash_attn",
+                     "backend_utils": "vllm.v1.attention.backends.utils", "platform_iface": "vllm.platforms.interface",
+                     "worker_utils": "vllm.v1.worker.utils"}
+    assert v.planning.__name__ == "vllm.v1.core.kv_cache_planning"  # from vLLM 0.33 (kv_cache_utils before)
+
+
+def _with_architectures(*archs: str):
+    d = deployment("llama-3.1-8b")
+    return dataclasses.replace(d, model=dataclasses.replace(d.model, raw={**d.model.raw, "architectures": list(archs)}))
+
+
+def test_an_architecture_vllm_moved_out_is_named_with_where_it_went(monkeypatch):
+    """vLLM's registry records the last release that served an architecture it removed and the plugin that serves
+    one it moved out of tree; an architecture it serves, or a registry without those records, gives no message."""
+    registry = pytest.importorskip("vllm.model_executor.models.registry")
+    version = planner.vllm_version()
+    previously = {"OldForCausalLM": "0.10.1", "LlamaForCausalLM": "0.1"}
+    monkeypatch.setattr(registry, "_PREVIOUSLY_SUPPORTED_MODELS", previously, raising=False)
+    monkeypatch.setattr(registry, "_OOT_SUPPORTED_MODELS", {"OutForCausalLM": "vllm-out-plugin"}, raising=False)
+    assert planner._removed(_with_architectures("OldForCausalLM")) == (
+        f"vLLM {version} no longer serves OldForCausalLM; vLLM 0.10.1 was the last release to serve it (plan with that "
+        "vLLM: --vllm-python)")
+    assert planner._removed(_with_architectures("OutForCausalLM", "OtherForCausalLM")) == (
+        f"vLLM {version} serves OutForCausalLM only through a plugin (vllm-out-plugin): plan where it is installed")
+    assert planner._removed(_with_architectures("LlamaForCausalLM")) == ""  # served now, whatever an old record says
+    assert planner._removed(_with_architectures()) == ""
+    monkeypatch.delattr(registry, "_PREVIOUSLY_SUPPORTED_MODELS")
+    monkeypatch.delattr(registry, "_OOT_SUPPORTED_MODELS")
+    assert planner._removed(_with_architectures("OldForCausalLM")) == ""
+
+
+def test_an_exception_is_said_in_one_line_with_its_type_where_that_is_the_hint():
+    assert planner._why(AssertionError()) == "AssertionError"
+    assert planner._why(ZeroDivisionError("division by zero")) == "ZeroDivisionError: division by zero"
+    assert planner._why(ValueError("block_size must be a multiple of 16\nmore")) == (
+        "block_size must be a multiple of 16")
+
+
+def test_a_bare_assert_is_placed_at_the_line_that_raised_it():
+    in_vllm = compile("\n\nraise AssertionError  # a bare assert: no message of its own", "/vllm/v1/kv_cache_utils.py",
+                      "exec")
+
+    def outer():
+        exec(in_vllm)
+
+    try:
+        outer()
+    except AssertionError as e:
+        assert planner._at(e) == " at kv_cache_utils.py:3"
+    assert planner._at(AssertionError("it says why")) == ""
+
+
+def test_the_layer_mix_names_a_kind_it_has_no_label_for_by_its_spec(monkeypatch):
+    full, new = type("FullAttentionSpec", (), {}), type("ZSpec", (), {})
+    specs, d = {"a": full(), "b": full(), "c": new()}, deployment()
+    monkeypatch.setattr(planner, "model_for", lambda d: SimpleNamespace(kv_cache_specs=lambda: specs))
+    assert planner.layer_mix(d) == "2 full attention + 1 ZSpec"  # most first, not by name
+
+
+def test_a_mamba_kind_is_read_from_its_types_name():
+    import enum
+
+    class MambaType(str, enum.Enum):
+        GDN_ATTN = "gated_delta"
+
+        __str__ = str.__str__  # as a StrEnum: its text is its value
+
+    assert planner._mamba_kind(SimpleNamespace(mamba_type=MambaType.GDN_ATTN)) == "GDN"
+    assert planner._mamba_kind(SimpleNamespace(mamba_type="short_conv")) == "short conv"
+    assert planner._mamba_kind(SimpleNamespace(mamba_type="rwkv7")) == "rwkv7"
+
+
+def test_the_temporary_model_folders_are_removed(monkeypatch, tmp_path):
+    made, gone = tmp_path / "made", tmp_path / "gone"
+    made.mkdir()
+    monkeypatch.setattr(planner, "_MODEL_DIRS", {Path("a.json"): made, Path("b.json"): gone})
+    removed = []
+    monkeypatch.setitem(sys.modules, "kvaudit.model.vllm_model",
+                        SimpleNamespace(remove_temp_files=lambda: removed.append(1)))
+    planner.remove_temp_dirs()
+    assert not made.exists() and planner._MODEL_DIRS == {} and removed == [1]
