@@ -2,12 +2,13 @@
 audit, the verdict, capacity and triage's conclusion the tests kill. Prints a score per module and in all; asserts
 nothing.
 
-Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume]   (installs
+Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume | --again]   (installs
 mutmut 3.8.1 into the environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant
 of the core is some 80 minutes on 2 CPUs; ``--sample N`` runs N of them drawn at random (seeded) and scores those,
 writing their names to ``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is
 the same, the same mutants), so that two trees are measured the same way; ``--resume`` goes on with a run of every
-mutant that was stopped (mutmut keeps each mutant's result in ``mutants/``). Survivors:
+mutant that was stopped (mutmut keeps each mutant's result in ``mutants/``); ``--again`` runs the mutants the last run
+left undetected again, against the tests as they are now (the others keep their results). Survivors:
 ``.venv/bin/python -m mutmut results``; one of them: ``.venv/bin/python -m mutmut show NAME``.
 """
 
@@ -31,6 +32,9 @@ DETECTED = {"killed", "timeout", "caught by type check", "suspicious"}
 """mutmut's statuses (mutmut.stats.status_by_exit_code) that mean the mutant did not pass unnoticed;
 "suspicious" is a mutant that crashed the test process (a signal)."""
 
+
+UNDETECTED = {0, 33}
+"""mutmut's exit codes of a mutant that survived and of one that no test reaches."""
 
 SAMPLE = ROOT / "mutants" / "sample.json"
 """The names drawn by ``--sample`` (scoring counts only those)."""
@@ -66,18 +70,26 @@ def main() -> None:
                     "mutants/sample.json: the same mutants, where the code is the same)")
     ap.add_argument("--resume", action="store_true", help="go on with the last run of every mutant: the mutants "
                     "it did not reach (mutmut keeps each result in mutants/)")
+    ap.add_argument("--again", action="store_true", help="run the mutants the last run did not detect (survived, "
+                    "or reached by no test) again, against the tests as they are now")
     ap.add_argument("--report-only", action="store_true", help="score the last run in mutants/")
     a = ap.parse_args()
     if not a.report_only:
         if importlib.util.find_spec("mutmut") is None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
-        if not a.resume:
-            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        elif SAMPLE.exists():
+        if a.resume and SAMPLE.exists():
             sys.exit("mutation.py: --resume goes on with a run of every mutant; the last run drew a sample")
+        if not (a.resume or a.again):
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         t0 = time.perf_counter()
         names: list[str] = []
-        if a.sample or a.names:
+        if a.again:
+            drawn = set(json.loads(SAMPLE.read_text())) if SAMPLE.exists() else None
+            results = {k: code for meta in _metas()
+                       for k, code in json.loads(meta.read_text())["exit_code_by_key"].items()}
+            names = sorted(k for k, code in results.items() if code in UNDETECTED and (drawn is None or k in drawn))
+            print(f"{len(names)} mutants the last run did not detect, run again")
+        elif a.sample or a.names:
             # a name that matches no mutant: mutmut generates every mutant and collects which tests reach each,
             # then stops; the names are then in its files
             _mutmut(["run", "kvaudit.none-drawn"], a.jobs, check=False)
