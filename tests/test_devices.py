@@ -58,6 +58,7 @@ def test_out_of_memory_is_a_finding_and_the_others_still_run(npu):
         "1006.00 MiB reserved in total by PyTorch).If reserved memory is >> allocated memory try setting "
         "max_split_size_mb to avoid fragmentation.)")
     assert bad.leaked_bytes == 0 and bad.layers == ()
+    assert bad.to_dict()["device_oom"] == o.to_dict() and o.to_dict()["allocation"] == 48  # in --format json
     # memory released, and the strategies after it were audited as usual
     assert fake.memory_allocated() == 0
     assert results["ascend-0.12"].ratio == pytest.approx(2.0, rel=0.005) and results["ascend-0.12"].device_oom is None
@@ -73,6 +74,9 @@ def test_requested_bytes_are_judged_and_rounding_reported_apart(npu):
     assert r.verdict is Verdict.PASS
     assert r.reading.before is not None and r.after_release is not None
     assert r.after_release.allocated == r.reading.before.allocated
+    out = r.to_dict()  # --format json carries the allocator's counters before the run and after the release
+    assert out["reading"]["before"] == {"allocated": r.reading.before.allocated, "reserved": r.reading.before.reserved}
+    assert out["after_release"] == {"allocated": r.after_release.allocated, "reserved": r.after_release.reserved}
 
 
 def test_a_device_already_too_full_is_exit_3(npu):
@@ -94,6 +98,37 @@ def test_a_device_with_room_for_no_block_suggests_one(npu):
         run_audit(d, plan, s, meter)
     assert str(e.value).endswith("(free it, or audit a scaled plan with --num-blocks 1)")
     del hog
+
+
+def test_the_scaled_plan_suggested_fits_the_room_there_is():
+    """What a host or a device can hold, against what the audit would allocate: refused only beyond it, and the
+    ``--num-blocks`` suggested is 95 % of the blocks that fit (at least one)."""
+    from types import SimpleNamespace
+
+    from kvaudit.measure.audit import _check_room
+    from kvaudit.units import fmt_bytes
+
+    plan = SimpleNamespace(num_blocks=100, planned_bytes=4000 << 20)
+    strategy = SimpleNamespace(name="ascend-0.11")
+
+    def meter(kind, room):
+        return SimpleNamespace(kind=kind, name="cpu", free_bytes=lambda: room, describe=lambda: "npu:0")
+
+    dry = SimpleNamespace(total_bytes=2000 << 20)
+    _check_room(plan, strategy, meter("host", 2000 << 20), dry)  # exactly the room: measured
+    _check_room(plan, strategy, meter("device", 4000 << 20), dry)
+    for kind, room, fit in (("host", 1000 << 20, 47), ("host", 1 << 20, 1), ("device", 1000 << 20, 23)):
+        with pytest.raises(MeterUnavailable) as e:
+            _check_room(plan, strategy, meter(kind, room), dry)
+        if kind == "host":
+            assert str(e.value) == (
+                f"strategy 'ascend-0.11' would allocate {fmt_bytes(2000 << 20)} on the cpu meter, more than the "
+                f"{fmt_bytes(room)} this host can spare; audit a scaled plan with --num-blocks {fit} (the plan has "
+                "100), or use --meter meta")
+        else:
+            assert str(e.value) == (
+                f"npu:0: only {fmt_bytes(room)} free, less than the {fmt_bytes(4000 << 20)} vLLM plans; the device is "
+                f"already too full to measure (free it, or audit a scaled plan with --num-blocks {fit})")
 
 
 _KEPT: list = []

@@ -168,3 +168,21 @@ def test_summary_line_of_a_device_run_and_of_skipped_strategies(rep):
     line = report.summary_line(device)
     assert line == ("kvaudit: FAIL: 2 of 4 strategies do not allocate what vLLM planned (ascend-0.11 4.00×, "
                     "ascend-0.12 2.00×); meter npu; planned by vLLM 0.33.0; 1 not audited (vllm: the report says why)")
+
+
+def test_what_a_plan_or_a_tolerance_cannot_do_is_said_whole():
+    import dataclasses
+
+    from kvaudit.errors import NotAuditable, UsageError
+    from kvaudit.results import check_tolerance
+    from conftest import deployment, plan_for
+
+    with pytest.raises(UsageError) as e:
+        check_tolerance(1.0)
+    assert str(e.value) == "--tolerance must be in [0, 1), got 1.0"
+    saved = dataclasses.replace(plan_for(deployment(), "cuda"), vllm_config=None)  # as a plan file reads
+    with pytest.raises(NotAuditable) as e:
+        saved.require_live("strategy 'installed'")
+    assert str(e.value) == ("strategy 'installed' needs the vLLM objects of a live plan (its VllmConfig and the built "
+                            "model's layers), which a saved plan does not carry; audit it where vLLM plans (without "
+                            "--plan)")
