@@ -2,14 +2,17 @@
 audit, the verdict, capacity and triage's conclusion the tests kill. Prints a score per module and in all; asserts
 nothing.
 
-Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume | --again]   (installs
-mutmut 3.8.1 into the environment if missing). Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant
-of the core is some 80 minutes on 2 CPUs; ``--sample N`` runs N of them drawn at random (seeded) and scores those,
-writing their names to ``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is
-the same, the same mutants), so that two trees are measured the same way; ``--resume`` goes on with a run of every
-mutant that was stopped (mutmut keeps each mutant's result in ``mutants/``); ``--again`` runs the mutants the last run
-left undetected again, against the tests as they are now (the others keep their results). Survivors:
-``.venv/bin/python -m mutmut results``; one of them: ``.venv/bin/python -m mutmut show NAME``.
+Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume
+     | --again [--only MODULE]]   (installs mutmut 3.8.1 into the environment if missing).
+
+Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is some 100 minutes on 2 CPUs.
+``--sample N`` runs N of them drawn at random (seeded) and scores those, writing their names to
+``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is the same, the same
+mutants), so that two trees are measured the same way. ``--resume`` goes on with a run of every mutant that was
+stopped (mutmut keeps each mutant's result in ``mutants/``); ``--again`` runs the mutants the last run left
+undetected again, against the tests as they are now, and the others keep their results (``--only plan.planner``:
+those of one module). Survivors: ``.venv/bin/python -m mutmut results``; one of them:
+``.venv/bin/python -m mutmut show NAME``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ def main() -> None:
                     "it did not reach (mutmut keeps each result in mutants/)")
     ap.add_argument("--again", action="store_true", help="run the mutants the last run did not detect (survived, "
                     "or reached by no test) again, against the tests as they are now")
+    ap.add_argument("--only", action="append", default=[], metavar="MODULE",
+                    help="with --again: only this module's mutants (e.g. plan.planner; repeatable)")
     ap.add_argument("--report-only", action="store_true", help="score the last run in mutants/")
     a = ap.parse_args()
     if not a.report_only:
@@ -87,7 +92,8 @@ def main() -> None:
             drawn = set(json.loads(SAMPLE.read_text())) if SAMPLE.exists() else None
             results = {k: code for meta in _metas()
                        for k, code in json.loads(meta.read_text())["exit_code_by_key"].items()}
-            names = sorted(k for k, code in results.items() if code in UNDETECTED and (drawn is None or k in drawn))
+            names = sorted(k for k, code in results.items() if code in UNDETECTED and (drawn is None or k in drawn)
+                           and (not a.only or any(k.startswith(f"kvaudit.{m}.") for m in a.only)))
             print(f"{len(names)} mutants the last run did not detect, run again")
         elif a.sample or a.names:
             # a name that matches no mutant: mutmut generates every mutant and collects which tests reach each,
