@@ -97,7 +97,30 @@ def test_deploy_hands_every_option_to_the_deployment():
     assert (d.block_size, d.enable_prefix_caching, d.max_num_seqs, d.max_num_batched_tokens) == (32, False, 7, 4096)
     assert d.hf_overrides == {"max_position_embeddings": 65536}
     assert (d.enforce_eager, d.max_cudagraph_capture_size, d.usage_context) == (True, 64, "llm")
+    hybrid = deploy(load_preset_spec(get_preset("qwen3-next")), None, {
+        "mamba_cache_mode": "none", "num_speculative_tokens": 1, "overhead": "0", "device": "a100-80g",
+        "weights": "10GiB"})
+    assert (hybrid.mamba_cache_mode, hybrid.num_speculative_tokens, hybrid.overhead_bytes) == ("none", 1, 0)
+    assert (hybrid.tp, hybrid.device) == (1, "a100-80g")  # no preset: one device
+    assert deploy(load_preset_spec(get_preset("llama-3.1-8b")), None, {}).device == "atlas-a2-64g"
     unset = deploy(load_preset_spec(get_preset("qwen3-next")), get_preset("qwen3-next"), {})
     assert (unset.tp, unset.max_model_len, unset.usage_context, unset.gpu_memory_utilization) == (
         get_preset("qwen3-next").tp, get_preset("qwen3-next").max_model_len, "serve", 0.9)
     assert unset.weights_bytes != 15 * GiB and unset.kv_cache_memory_bytes is None and unset.device_memory_bytes
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"hf_overrides": "{max_position_embeddings: 1}"}, "--hf-overrides is not valid JSON: Expecting property name "
+     "enclosed in double quotes (column 2)"),
+    ({"hf_overrides": "[1]"}, "--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'"),
+    ({"weights": "0"}, None), ({"kv_cache_memory": "0"}, None), ({"device_memory": "0"}, None),
+    ({"kv_cache_memory": "lots"}, None)])
+def test_deploy_says_which_option_is_bad(options, message):
+    from kvaudit.plan.planner import deploy
+
+    with pytest.raises(UsageError) as e:
+        deploy(load_preset_spec(get_preset("llama-3.1-8b")), None, options)
+    if message:
+        assert str(e.value) == message
+    else:
+        assert str(e.value).startswith(f"--{next(iter(options)).replace('_', '-')} ")
