@@ -124,6 +124,25 @@ def test_an_exception_is_said_in_one_line_with_its_type_where_that_is_the_hint()
     assert planner._why(ZeroDivisionError("division by zero")) == "ZeroDivisionError: division by zero"
     assert planner._why(ValueError("block_size must be a multiple of 16\nmore")) == (
         "block_size must be a multiple of 16")
+    assert planner._why(ValueError("x" * 500)) == "x" * 400
+
+
+class _PydanticError(ValueError):
+    """What vLLM's configs raise: pydantic's ValidationError, whose ``errors()`` lists each error's message."""
+
+    def __init__(self, *errors):
+        super().__init__("1 validation error for CacheConfig")
+        self._errors = list(errors)
+
+    def errors(self):
+        return self._errors
+
+
+def test_a_config_validation_error_is_said_by_its_first_message():
+    assert planner._why(_PydanticError({"msg": "Value error, block_size must be positive\nmore"}, {"msg": "b"})) == (
+        "block_size must be positive")
+    assert planner._why(_PydanticError({"msg": "y" * 500})) == "y" * 400
+    assert planner._why(_PydanticError({"type": "missing"})) == "1 validation error for CacheConfig"  # no message
 
 
 def test_a_bare_assert_is_placed_at_the_line_that_raised_it():
