@@ -111,9 +111,25 @@ def _quickest_first(config, items) -> None:
 def pytest_sessionstart(session):
     """Under mutmut (``bench/mutation.py``) each mutant's run is forked from a process that ran every test first, so
     what this suite keeps for its session (``plan_for``'s plans) was made there by the unmutated code: a mutant's run
-    plans afresh, with the mutant. (mutmut names the mutant in ``MUTANT_UNDER_TEST``.)"""
-    if "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
-        _PLANS.clear()
+    plans afresh, with the mutant. A mutant of the code that builds vLLM's models (``_MUTANTS_REBUILD``) builds them
+    afresh too: the process keeps its builds and their model folders. (mutmut names the mutant in
+    ``MUTANT_UNDER_TEST``.)"""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if "__mutmut_" not in mutant:
+        return
+    _PLANS.clear()
+    function = mutant.rsplit(".", 1)[-1].split("__mutmut_")[0].removeprefix("x_")
+    if mutant.startswith("kvaudit.plan.planner.") and function in _MUTANTS_REBUILD:
+        from kvaudit.model import vllm_model
+        from kvaudit.plan import planner
+
+        vllm_model._BUILT.clear()
+        planner._MODEL_DIRS.clear()
+
+
+_MUTANTS_REBUILD = {"model_for", "engine_config", "_engine_args", "_model_dir", "_hybrid_prefix_caching",
+                    "mxfp4_backend", "_as_device"}
+"""The planner's functions that run only where a model is built (``planner.model_for``): their mutants rebuild."""
 
 
 def pytest_runtest_setup(item):

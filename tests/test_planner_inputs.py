@@ -30,6 +30,12 @@ def test_engine_args_carry_every_option_set_and_nothing_unset():
         "block_size": 64, "max_num_seqs": 8, "max_num_batched_tokens": 4096, "max_cudagraph_capture_size": 128,
         "enable_prefix_caching": False, "tensor_parallel_size": d.tp, "trust_remote_code": True}
     assert args["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert {k: args[k] for k in ("dtype", "max_model_len", "quantization", "hf_overrides", "kv_cache_dtype",
+                                 "pipeline_parallel_size", "enforce_eager", "skip_tokenizer_init")} == {
+        "dtype": d.requested_dtype, "max_model_len": d.max_model_len, "quantization": d.quantization,
+        "hf_overrides": {}, "kv_cache_dtype": d.kv_cache_dtype, "pipeline_parallel_size": d.pp,
+        "enforce_eager": d.enforce_eager, "skip_tokenizer_init": True}  # no tokenizer: kvaudit reads no weights
+    assert (Path(args["model"]) / "config.json").read_text() == d.model.config_path.read_text()
     plain = planner._engine_args(deployment("qwen3-next"))
     assert plain["trust_remote_code"] is False
     assert not {"block_size", "max_cudagraph_capture_size", "speculative_config"} & set(plain)  # vLLM's defaults decide
