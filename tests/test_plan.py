@@ -79,8 +79,10 @@ def test_shared_by_view_groups_coincident_spans():
 def test_shared_by_view_refuses_interleaved_layouts():
     # block-outermost: layer stride = page, block stride = packed block: spans overlap partially
     tensors = [_t(["a0", "a1"], 10, 20)]
-    with pytest.raises(NotAuditable, match="block-outermost"):
+    with pytest.raises(NotAuditable) as e:
         shared_by_view(tensors, 4, {"a0": 10, "a1": 10})
+    assert str(e.value) == ("this plan interleaves layers within blocks (block-outermost layout); it has no shared_by "
+                            "view for strategies written for KVCacheTensor(size, shared_by)")
 
 
 # vLLM's EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py, the same tiers in 0.23.0 and 0.33.0): a device of

@@ -194,3 +194,9 @@ def test_the_temporary_model_folders_are_removed(monkeypatch, tmp_path):
                         SimpleNamespace(remove_temp_files=lambda: removed.append(1)))
     planner.remove_temp_dirs()
     assert not made.exists() and planner._MODEL_DIRS == {} and removed == [1]
+
+
+def test_a_hybrid_rule_without_an_attention_layer_says_so():
+    with pytest.raises(ConfigError) as e:
+        planner._attn_page_1_token({})
+    assert str(e.value) == "the model has no attention layer to align the hybrid block size to"
