@@ -5,7 +5,7 @@ nothing.
 Run: .venv/bin/python bench/mutation.py [--jobs N] [--sample N --seed S | --names FILE | --resume
      | --again [--only MODULE]]   (installs mutmut 3.8.1 into the environment if missing).
 
-Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is some 100 minutes on 2 CPUs.
+Configuration: ``[tool.mutmut]`` in pyproject.toml. Every mutant of the core is some three hours on 2 CPUs.
 ``--sample N`` runs N of them drawn at random (seeded) and scores those, writing their names to
 ``mutants/sample.json``; ``--names`` runs the mutants such a file names (where the code is the same, the same
 mutants), so that two trees are measured the same way. ``--resume`` goes on with a run of every mutant that was
