@@ -36,8 +36,8 @@ DETECTED = {"killed", "timeout", "caught by type check", "suspicious"}
 "suspicious" is a mutant that crashed the test process (a signal)."""
 
 
-UNDETECTED = {0, 33}
-"""mutmut's exit codes of a mutant that survived and of one that no test reaches."""
+UNDETECTED = {"survived", "no tests"}
+"""mutmut's statuses of a mutant that passed unnoticed and of one that no test reaches."""
 
 SAMPLE = ROOT / "mutants" / "sample.json"
 """The names drawn by ``--sample`` (scoring counts only those)."""
@@ -90,9 +90,12 @@ def main() -> None:
         names: list[str] = []
         if a.again:
             drawn = set(json.loads(SAMPLE.read_text())) if SAMPLE.exists() else None
+            from mutmut.stats import status_by_exit_code
+
             results = {k: code for meta in _metas()
                        for k, code in json.loads(meta.read_text())["exit_code_by_key"].items()}
-            names = sorted(k for k, code in results.items() if code in UNDETECTED and (drawn is None or k in drawn)
+            names = sorted(k for k, code in results.items() if status_by_exit_code[code] in UNDETECTED
+                           and (drawn is None or k in drawn)
                            and (not a.only or any(k.startswith(f"kvaudit.{m}.") for m in a.only)))
             print(f"{len(names)} mutants the last run did not detect, run again")
         elif a.sample or a.names:

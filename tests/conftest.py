@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
     """The longest files first (``LONGEST_FIRST``). Under a vLLM other than the primary one, only the tests marked
     ``each_vllm`` are run; the others are deselected (their behaviour does not depend on the vLLM, and the primary
     suite runs them)."""
-    if "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
+    if _mutant_under_test():
         _quickest_first(config, items)
     else:
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
@@ -91,6 +91,13 @@ def pytest_collection_modifyitems(config, items):
     if len(keep) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("each_vllm")])
         items[:] = keep
+
+
+def _mutant_under_test() -> str:
+    """The mutant this process runs the tests of under mutmut (it names it in ``MUTANT_UNDER_TEST``, which also holds
+    its own phase names outside a mutant's run); else ``""``."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    return mutant if "__mutmut_" in mutant else ""
 
 
 def _quickest_first(config, items) -> None:
@@ -114,8 +121,8 @@ def pytest_sessionstart(session):
     plans afresh, with the mutant. A mutant of the code that builds vLLM's models (``_MUTANTS_REBUILD``) builds them
     afresh too: the process keeps its builds and their model folders. (mutmut names the mutant in
     ``MUTANT_UNDER_TEST``.)"""
-    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
-    if "__mutmut_" not in mutant:
+    mutant = _mutant_under_test()
+    if not mutant:
         return
     _PLANS.clear()
     function = mutant.rsplit(".", 1)[-1].split("__mutmut_")[0].removeprefix("x_")
