@@ -15,6 +15,7 @@ import pytest
 
 from kvaudit.errors import ConfigError
 from kvaudit.plan import planner
+from kvaudit.model import vllm_model
 from conftest import deployment
 
 pytestmark = pytest.mark.fast
@@ -108,6 +109,8 @@ def _with_architectures(*archs: str):
 def test_an_architecture_vllm_moved_out_is_named_with_where_it_went(monkeypatch):
     """vLLM's registry records the last release that served an architecture it removed and the plugin that serves
     one it moved out of tree; an architecture it serves, or a registry without those records, gives no message."""
+    pytest.importorskip("vllm")
+    vllm_model.declare_torchvision_ops()  # as the planner does before its first vLLM import (said after a refusal)
     registry = pytest.importorskip("vllm.model_executor.models.registry")
     version = planner.vllm_version()
     previously = {"OldForCausalLM": "0.10.1", "LlamaForCausalLM": "0.1"}
