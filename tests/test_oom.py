@@ -89,7 +89,18 @@ def test_what_this_process_holds_in_torchs_newer_message():
     alone = parse_oom("CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has a total capacty of 23.69 GiB of which "
                       "24.56 MiB is free. Process 106008 has 23.66 GiB memory in use. Of the allocated memory 23.19 GiB "
                       "is allocated by PyTorch, and 32.44 MiB is reserved by PyTorch but unallocated.")
-    assert alone.held_here == round(23.19 * gib) + round(32.44 * (1 << 20))
+    assert alone.processes == (round(23.66 * gib),)
+    assert alone.held_here == round(23.66 * gib)  # one process listed alone is this one, non-PyTorch memory included
+    assert alone.torch_reserved == round(23.19 * gib) + round(32.44 * (1 << 20))
+    many = parse_oom("CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has a total capacty of 23.69 GiB of which "
+                     "24.56 MiB is free. Process 1 has 2.00 GiB memory in use. Process 2 has 21.50 GiB memory in use. "
+                     "Process 3 has 22.00 GiB memory in use. Of the allocated memory 21.00 GiB is allocated by PyTorch, "
+                     "and 10.00 MiB is reserved by PyTorch but unallocated.")
+    assert many.held_here == round(21.50 * gib)  # the smallest that holds what its PyTorch reserved
+    unknown = parse_oom("CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has a total capacty of 23.69 GiB of "
+                        "which 24.56 MiB is free. Process 1 has 2.00 GiB memory in use. Process 2 has 21.50 GiB memory "
+                        "in use.")
+    assert unknown.held_here is None  # two processes and no PyTorch figure: which is this one is not known
 
 
 def test_the_out_of_memory_finding_names_the_request_its_segment_and_what_the_allocator_said():

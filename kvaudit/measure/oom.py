@@ -53,17 +53,30 @@ class OomMessage:
     """torch 2.1+: reserved by PyTorch but not allocated."""
     this_process: int | None = None
     """torch 2.1+: all this process holds on the device, non-PyTorch memory included."""
+    processes: tuple[int, ...] = ()
+    """torch 2.1+: what each process the driver lists holds ("Process 25252 has 18.65 GiB memory in use"), this one
+    among them where torch cannot tell its own (a container's PID namespace)."""
 
     @property
-    def held_here(self) -> int | None:
-        """What this process holds: its own figure where printed, else what its PyTorch reserved."""
-        if self.this_process is not None:
-            return self.this_process
+    def torch_reserved(self) -> int | None:
+        """What this process's PyTorch reserved."""
         if self.reserved is not None:
             return self.reserved
         if self.allocated is not None and self.unallocated is not None:
             return self.allocated + self.unallocated
         return None
+
+    @property
+    def held_here(self) -> int | None:
+        """What this process holds: its own figure where printed; else, of the processes listed, the smallest that
+        holds at least what its PyTorch reserved (one process listed alone is this one); else what PyTorch reserved."""
+        if self.this_process is not None:
+            return self.this_process
+        reserved = self.torch_reserved
+        mine = [p for p in self.processes if reserved is None or p >= reserved]
+        if mine and (len(self.processes) == 1 or reserved is not None):
+            return min(mine)
+        return reserved
 
 
 def _size(number: str, unit: str) -> int:
@@ -83,7 +96,9 @@ def parse_oom(text: str) -> OomMessage | None:
                 found[key] = _size(m.group(1), m.group(2))
                 break
     dev = re.search(r"\b(NPU|GPU) ?(\d+)\b", text)
-    return OomMessage(device=f"{dev.group(1)} {dev.group(2)}" if dev else None, **found)
+    processes = tuple(_size(m.group(1), m.group(2)) for m in re.finditer(rf"Process \d{{1,18}} has {_SIZE} memory in use",
+                                                                          text))
+    return OomMessage(device=f"{dev.group(1)} {dev.group(2)}" if dev else None, **found, processes=processes)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
