@@ -83,7 +83,8 @@ def test_an_argument_list_in_an_environment_variable():
     """The flags of a VLLM_ARGS line in their = form (vllm issue: util 0.4 and max-model-len 512 were missed)."""
     got = _facts('docker run -e VLLM_ARGS="--gpu-memory-utilization=0.4 --max-model-len=512" img\n'
                  'VLLM_ARGS="--gpu-memory-utilization=0.4 --max-model-len=512"\nCUDA out of memory')
-    assert got["gpu_memory_utilization"] == [0.4] and got["max_model_len"] == [512]
+    assert got["gpu_memory_utilization"] == [0.4, 0.4] and got["max_model_len"] == [512, 512]  # the launch's, then
+    # the docker line's, read as settings stated outside a launch
 
 
 @pytest.mark.parametrize("sentence, works, fails", [
@@ -301,3 +302,42 @@ def test_capturing_graphs_named_without_a_failure_is_no_capture_oom():
 ])
 def test_ray_and_shared_memory(line, kind):
     assert [k for k, _, _ in failures([line])] == [kind]
+
+
+def _line(path: str, n: int) -> str:
+    return (ROOT / "fixtures" / "reports" / path).read_text().splitlines()[n - 1]
+
+
+@needs_parser
+def test_settings_stated_in_sentences_are_read_by_vllms_parser():
+    """An engine argument outside a launch (a flag in a sentence or backticks, a name with "=" or ":", the parser's
+    aliases as words) is read as a launch's; each occurrence on its own, a sentence's first first."""
+    docker = _line("held-out-1/vllm-10360.txt", 8)  # "... with the following Docker launch settings: --model ..."
+    assert commands.stated_settings(docker).facts == (("max_model_len", 4096), ("gpu_memory_utilization", 0.15))
+    wsl = _line("held-out-1/zai-org-Open-AutoGLM-133.txt", 4)  # "... --max-model-len 4096  文档里面是  --max-model-len 25480"
+    assert commands.stated_settings(wsl).facts == (("max_model_len", 4096), ("max_model_len", 25480))
+    assert _facts(wsl)["max_model_len"][0] == 4096
+    card = _line("threads/vllm-ascend-89.txt", 3)  # "... on one card (TP=PP=1) ..."
+    assert dict(commands.stated_settings(card).facts) == {"pp": 1}
+    assert commands.stated_settings("`gpu_memory_utilization: 0.85`, tensor_parallel_size=4, -dp 2").facts == (
+        ("gpu_memory_utilization", 0.85), ("tp", 4), ("dp", 2))
+    assert commands.stated_settings("我设置了TP=8，为什么还是OOM？").facts == (("tp", 8),)
+
+
+@needs_parser
+def test_what_a_sentence_names_without_stating_it_ran_is_no_setting():
+    eager = _line("threads/vllm-16570.txt", 52)  # "Hi,with --enforce-eager, it startup~": a workaround
+    assert commands.stated_settings(eager).facts == ()
+    logged = _line("threads/vllm-15598.txt", 50)  # vLLM's own advice in a log record whose prefix the paste cut
+    assert commands.stated_settings(logged.replace("'--enforce-eager'", "'--max-num-seqs 8'")).facts == ()
+    assert commands.stated_settings("Can you retry with --max-model-len 4096?").facts == ()  # a suggestion
+    assert commands.stated_settings("n=5, q: 3, model: foo, the answer: 42").facts == ()  # no engine argument
+    both = _facts("the docs say --max-model-len 8192\nvllm serve m --max-model-len 2048")
+    assert both["max_model_len"] == [2048, 8192]  # the launch's own comes first, wherever the sentence is
+
+
+def test_without_vllm_settings_in_sentences_are_read_by_kvaudits_own_reader(monkeypatch):
+    monkeypatch.setattr(commands, "_PARSER", [None])
+    monkeypatch.setattr(commands, "_NAMES", [])
+    assert commands.stated_settings("set `--gpu-memory-utilization=0.95`, TP=8 and max_model_len: 32k").facts == (
+        ("gpu_memory_utilization", 0.95), ("tp", 8), ("max_model_len", 32000))

@@ -343,6 +343,92 @@ def _human(value: str) -> Any:
     return int(float(m[1]) * ((1000 if unit.islower() else 1024) ** power))
 
 
+# --- settings stated outside a launch ---------------------------------------------------------------
+
+_STATED = re.compile(r"(?<![A-Za-z0-9_/.$-])(?P<flag>--?[A-Za-z][A-Za-z0-9_-]*|[A-Za-z][A-Za-z_]*)"
+                     r"(?=(?P<eq>[ \t]*[=:：][ \t]*)?(?(eq)|[ \t]*)(?P<value>[^\s`'\"，,;；。=:：()（）\[\]{}<>]+)?)")
+"""A flag or a setting's name and the value after it (``--gpu-memory-utilization=0.95``, ``TP=8``,
+``gpu_memory_utilization: 0.9``); the names are checked against vLLM's parser."""
+_BARE_ALIASES = {"tp", "pp", "dp", "ep", "dcp", "pcp"}
+"""The parser's short aliases people write without the dash, as words (``TP=8, PP=2``); single letters (``-n``,
+``-q``) are left out: as words they are no settings."""
+_NAMES: list[dict[str, tuple[str, bool]]] = []
+
+
+def _stated_names() -> dict[str, tuple[str, bool]]:
+    """Each way a report may name an engine argument, lower-cased (``--max-model-len``, ``max_model_len``, ``-tp``,
+    ``tp``) -> (the flag vLLM's parser takes, whether it takes a value); from the installed vLLM's parser, else from
+    kvaudit's own reader's flags."""
+    if _NAMES:
+        return _NAMES[0]
+    p = _vllm_parser()
+    names: dict[str, tuple[str, bool]] = {}
+    if p is not None:
+        for option, action in p._option_string_actions.items():
+            if action.dest not in FACTS or action.dest == "model":
+                continue
+            takes = action.nargs != 0
+            names[option.lower()] = (option, takes)
+            bare = option.lstrip("-").lower()
+            if option.startswith("--") or bare in _BARE_ALIASES:
+                names.setdefault(bare, (option, takes))
+                names.setdefault(bare.replace("-", "_"), (option, takes))
+    else:
+        for dest in FACTS:
+            if dest not in ("model", "model_tag"):
+                flag = "--" + dest.replace("_", "-")
+                takes = dest not in ("enforce_eager", "enable_expert_parallel")
+                for name in (flag, dest, flag.lstrip("-")):
+                    names[name] = (flag, takes)
+        for alias in _ALIASES:
+            names[alias] = names["-" + alias] = ("--" + _ALIASES[alias], True)
+    _NAMES.append(names)
+    return names
+
+
+def stated_settings(text: str) -> Launch:
+    """Engine arguments a report states outside a launch: a flag in a sentence or in backticks
+    (```--gpu-memory-utilization=0.95```, "我使用了--max-model-len 8192 参数"), an argument's name with a value
+    (``gpu_memory_utilization=0.9``, ``tensor_parallel_size: 8``), the parser's short aliases written as words
+    (``TP=8, PP=2``). Each is checked against the names vLLM's parser takes, then the flags found are read by that
+    parser together."""
+    facts: list[tuple[str, Any]] = []
+    unread: list[str] = []
+    if _LOGGED.search(text):
+        return Launch((), ())  # a log message's advice ("use '--enforce-eager'") sets nothing
+    for m in _STATED.finditer(text):
+        flag = m["flag"]
+        dashed = flag.startswith("-")
+        if not dashed and not m["eq"]:
+            continue  # a word with no "=" or ":" after it is prose
+        bare = flag.lstrip("-").lower().replace("-", "_")
+        if bare not in FACTS and bare not in _BARE_ALIASES:
+            continue  # no argument kvaudit reads (checked before vLLM's parser is built: a log needs no vLLM)
+        names = _stated_names()
+        found = names.get(flag.lower() if dashed else flag.lower().replace("-", "_")) or names.get(flag.lower())
+        if found is None:
+            continue
+        option, takes = found
+        value = (m["value"] or "").rstrip(".")
+        if not (takes and value):
+            continue  # a switch named in a sentence is a condition or a workaround ("works with --enforce-eager")
+        end = _SENTENCE_END.search(text, m.end())
+        start = max(text.rfind(c, 0, m.start()) for c in ".!?。！？") + 1
+        if end is not None and end.group(0) in ("?", "？") and _ADDRESSED.search(text, start, end.end()):
+            continue  # a suggestion put as a question ("can you retry with `--enforce-eager`?") states what did not run
+        read = read_words([option, value])  # each on its own: "4096 ... the docs say 25480"
+        facts += read.facts
+        unread += read.unread
+    return Launch(tuple(facts), tuple(unread), (parser_name() or OWN_READER) if facts or unread else "")
+
+
+_LOGGED = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG)\b.{0,40}?\[[\w.]+:\d+\]")
+"""A vLLM log record's prefix (``INFO 03-27 10:29:03 [model_runner.py:1442]``), wherever a paste cut the line."""
+_ADDRESSED = re.compile(r"\b(?:you|your)\b|您|你", re.IGNORECASE)
+"""A sentence put to the reader."""
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[！？]|$")
+
+
 # --- Python: LLM(...), non-default args, Namespace ---------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
 from kvaudit.triage.changes import CHANGES
-from kvaudit.triage.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split
+from kvaudit.triage.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split, stated_settings
 from kvaudit.triage.failures import failures
 from kvaudit.triage.lines import Where, Words, lines_holding
 from kvaudit.triage.loglines import anchors, needles, read_line
@@ -518,6 +518,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     commands: list[_Command] = []
     variables: dict[str, str] = {}
     pip_show: str | None = None
+    stated: list[tuple[int, str, Any]] = []
     imported = 0
     lows = [line.lower() for line in lines]
     where = lines_holding(lows, _ALL)  # every word any reader gates on, found in one pass over the text
@@ -590,6 +591,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             launch = read_call(call, variables)
             _read_launch(ev, n, line, launch)
             commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
+        elif prose and not continued and ("-" in line or "=" in line or ":" in line or "：" in line):
+            stated.extend((n, key, value) for key, value in stated_settings(line).facts)
         if "model" in low or "模型" in line:
             for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
                 if m := rx.search(line):
@@ -641,6 +644,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         ev.facts[key].sort(key=lambda f: f.line)  # in report order, as every other fact
     for first, last, text in config_blocks(lines):  # a YAML config or container spec pasted as such
         if (launch := read_config(text)) is not None:
+            stated = [f for f in stated if not first <= f[0] <= last]  # (read as the config it is, not as sentences)
             _read_launch(ev, first, lines[first - 1], launch)
             if launch.facts:
                 commands.append(_Command(first, lines[first - 1], list(launch.facts), _outcome(lines, first, last)))
@@ -648,6 +652,11 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
+    launched = {f.line for f in ev.all("launch_parser")}
+    for n, key, value in stated:
+        if n in launched:
+            continue  # (a line a launch was read from)  # settings stated in sentences, after any launch's (which say what ran)
+        ev.add(key, value, n, lines[n - 1])
     _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
