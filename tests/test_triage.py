@@ -14,7 +14,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.triage.conclude import MATCHES_PLAN, OVER_ALLOCATION, INSUFFICIENT, triage
 from kvaudit.triage.evidence import MAX_REPORT_BYTES, clean_lines, extract
-from conftest import ROOT, each_vllm
+from conftest import ROOT, each_vllm, skip_unless_planned
 
 pytestmark = pytest.mark.fast
 
@@ -385,7 +385,8 @@ def test_report_text_is_pasted_as_text_into_the_markdown(where):
     assert "<a " not in html and "<img" not in html and "<script" not in html and "<!--" not in html
     assert "@maintainer" not in outside_code and "https://evil" not in outside_code and "www.evil" not in outside_code
     assert "**Evidence**" not in html and "<strong>Evidence</strong>" in html  # kvaudit's own Markdown still renders
-    assert html.count("<table>") == 2 and "Prediction vs report" in html  # nothing hid the rest of the report
+    assert html.count("<table>") == 3 and "Prediction vs report" in html  # nothing hid the rest of the report
+    assert "Memory ledger" in html
 
 
 def test_markdown_escaping_keeps_the_text_as_written():
@@ -492,3 +493,50 @@ def test_a_report_naming_a_changed_default_is_told_the_change_and_its_switch():
                "vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 8\ntorch.OutOfMemoryError: CUDA out of memory.\n")
     assert t.cause == "default-changed" and any("VLLM_USE_V2_MODEL_RUNNER=0" in a for a in t.actions)
 
+
+
+def test_the_schema_names_every_term_of_the_ledger():
+    from kvaudit.triage.ledger import TERMS
+
+    assert SCHEMA["properties"]["ledger"]["items"]["properties"]["term"]["enum"] == list(TERMS)
+
+
+def test_a_refusal_the_reports_own_figures_show_needs_no_plan_and_asks_for_nothing():
+    """vllm#34076: vLLM's refusal states both figures and its own estimate; the model (a family stand-in here) is not
+    needed for the verdict, so nothing is asked for."""
+    t = _triage("", (ROOT / "fixtures/startup-logs/cuda/vllm-34076-qwen3-coder-30b-fp8-pp2-5070ti-5090d.log").read_text())
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "budget-too-small-for-max-model-len")
+    assert t.inequality == "KV for one request of 262,144 tokens 24.00 GiB (line 11) > KV budget 3.18 GiB (line 11)"
+    assert t.headline.startswith("vLLM refuses to start: KV for one request of 262,144 tokens 24.00 GiB")
+    assert t.ask_for == ()
+    assert t.actions[0].startswith("`--max-model-len 34736`: vLLM's own estimate of what the budget holds (line 11:")
+    rows = {r["term"]: r for r in t.to_dict()["ledger"]}
+    assert rows["KV for one request"]["reported"] == 24 * GiB and rows["KV budget"]["predicted"] is None
+    assert "**What breaks**: KV for one request of 262,144 tokens 24.00 GiB (line 11) &gt; KV budget" in t.to_markdown()
+
+
+def test_a_negative_budget_is_concluded_from_the_ledger_with_fixes_planned_again():
+    """vllm#23278: gpt-oss-120b logs 65.97 GiB of weights and a KV budget of -2.14 GiB; kvaudit plans the utilization
+    that holds one request and the TP whose ranks hold the report's weights, each checked by planning again."""
+    skip_unless_planned("gpt-oss-120b")
+    t = _triage("", (ROOT / "fixtures/startup-logs/cuda/vllm-23278-gpt-oss-120b-h100-negative-kv.log").read_text())
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "no-room-for-kv-cache")
+    assert t.inequality == "KV budget -2.14 GiB (line 9) ≤ 0"
+    rows = {r["term"]: r for r in t.to_dict()["ledger"]}
+    assert rows["weights"]["reported"] == round(65.9651 * GiB) and rows["weights"]["reported_at"].startswith("line 4:")
+    assert rows["weights"]["predicted"] < rows["weights"]["reported"]  # kvaudit's own weighing, beside the report's
+    need = rows["KV for one request"]["predicted"]
+    T = rows["device memory"]["reported"]
+    u = t.recommended_utilization
+    assert u is not None and -round(2.14 * GiB) + (u - 0.9) * T >= need  # it holds one request
+    assert -round(2.14 * GiB) + (u - 0.01 - 0.9) * T < need  # and 0.01 less does not
+    assert any(a.startswith("`--tensor-parallel-size ") and a.endswith("(planned again).") for a in t.actions)
+
+
+def test_a_refusal_kvaudit_predicts_but_the_report_does_not_show_is_not_concluded():
+    """Llama 3.1 8B at 0.25 of a device kvaudit assumes: its prediction says vLLM would refuse, but the report shows an
+    out-of-memory error instead, so the prediction decides nothing (the planner's refusal is said as before)."""
+    t = triage("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 131072 --gpu-memory-utilization 0.25\n"
+               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert t.verdict == INSUFFICIENT
+    assert t.inequality.startswith("KV for one request of 131,072 tokens 16.00 GiB (predicted) > KV budget")

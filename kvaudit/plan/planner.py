@@ -479,6 +479,40 @@ def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) 
     return plan
 
 
+@dataclass(frozen=True)
+class RequestNeed:
+    """What vLLM's start-up check asks of a KV budget (``check_enough_kv_cache_memory``): the bytes one request of
+    ``max_model_len`` tokens takes in every KV-cache layer of the rank, and the longest request the budget holds."""
+
+    max_model_len: int
+    bytes: int
+    """``max_memory_usage_bytes`` over the rank's layer specs: the "N GiB KV cache is needed" of vLLM's refusal."""
+    budget: int
+    """The KV budget set against it."""
+    fits_max_model_len: int
+    """vLLM's ``estimate_max_model_len`` for the budget (the length its refusal suggests; 0 where no token fits);
+    ``max_model_len`` itself where the budget holds a whole request."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the budget holds one request of ``max_model_len`` tokens (vLLM starts)."""
+        return self.bytes <= self.budget
+
+
+def request_need(d: Deployment, platform: str = "cuda", budget: int | None = None) -> RequestNeed:
+    """What one request of ``d.max_model_len`` needs of the KV cache on ``d``'s rank, by vLLM's own functions on the
+    rank's layer specs under the platform's rule, against ``budget`` (default: the deployment's KV budget). No plan
+    is made: a budget too small for one request is what vLLM refuses before planning."""
+    v = load_vllm()
+    vc, specs, own = _stage_inputs(v, d, PLATFORMS[platform], None)
+    budget = own if budget is None else budget
+    with quiet_vllm():
+        need = v.planning.max_memory_usage_bytes(vc, specs.values())
+        fits = d.max_model_len if need <= budget else (
+            v.planning.estimate_max_model_len(vc, specs, budget) if budget > 0 else 0)
+    return RequestNeed(d.max_model_len, need, budget, fits)
+
+
 def _pp_stages(d: Deployment) -> list[Deployment]:
     """Every pipeline stage of ``d``'s deployment, ``d`` itself at its rank: each weighed as vLLM builds it (the
     embedding on the first, the LM head on the last), unless ``--weights`` gave every stage the same."""
@@ -667,9 +701,11 @@ def make_deployment(
     enforce_eager: bool = False,
     usage_context: str = "serve",
     vllm_release: str | None = None,
+    allow_no_kv_budget: bool = False,
 ) -> Deployment:
     """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
-    and build its model for this rank to weigh it; impossible numbers are one-line errors."""
+    and build its model for this rank to weigh it; impossible numbers are one-line errors. A deployment that leaves
+    no KV budget is refused too, unless ``allow_no_kv_budget`` (triage: what vLLM itself refused to start)."""
     if device not in DEVICES and device_memory_bytes is None:
         raise UsageError(f"unknown --device {device!r} (known: {', '.join(DEVICES)}); or give --device-memory")
     mem = device_memory_bytes if device_memory_bytes is not None else DEVICES[device].memory_bytes
@@ -706,7 +742,7 @@ def make_deployment(
     from kvaudit.model import vllm_model
 
     vllm_model.remember(_build_key(d), built)  # the same build, under the options as vLLM resolved them
-    if d.kv_budget_bytes <= 0:
+    if d.kv_budget_bytes <= 0 and not allow_no_kv_budget:
         need = d.non_kv_bytes / d.device_memory_bytes
         raise ConfigError(
             f"no memory left for the KV cache: weights {fmt_bytes(d.weights_bytes)} + other non-KV memory "

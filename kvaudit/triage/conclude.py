@@ -114,6 +114,10 @@ class Triage:
     not_parsed: tuple[str, ...] = ()
     """Launch lines read by kvaudit's own flag reader because vLLM's parser is not installed here: aliases, JSON flags
     and flags kvaudit does not know may be missed in them."""
+    ledger: Any = None
+    """The memory ledger (``kvaudit.triage.ledger.Ledger``): each term reported beside predicted."""
+    inequality: str | None = None
+    """The inequality of vLLM's budget the figures break (``kvaudit.triage.ledger.Breach``), where one does."""
 
     def to_dict(self) -> dict:
         """The JSON contract (``schema_version`` 1)."""
@@ -128,6 +132,7 @@ class Triage:
             "fixed_in": self.fixed_in, "cause": self.cause, "version_needed": self.version_needed,
             "releases": list(self.releases), "planned_with_vllm": self.planned_with, "phase": self.phase,
             "not_audited": self.not_audited, "not_parsed": list(self.not_parsed),
+            "ledger": self.ledger.to_dict() if self.ledger is not None else [], "inequality": self.inequality,
         }
 
     def to_json(self) -> str:
@@ -152,6 +157,21 @@ class Triage:
                 out.append(f"| {md(k, cell=True)} | {md(_show(k, v.value), cell=True)} | "
                            f"{md(_short(v.source), cell=True)} |")
             out.append("")
+        rows = self.ledger.to_dict() if self.ledger is not None else []
+        if rows:
+            out += ["**Memory ledger** (one rank)", "", "| term | reported | predicted | difference |",
+                    "|---|---|---|---|"]
+            for r in rows:
+                rep = (f"{fmt_bytes(r['reported'])} ({r['reported_at'].split(':', 1)[0]})"
+                       if r["reported"] is not None else "—")
+                pred = (f"{fmt_bytes(r['predicted'])} ({_short(r['predicted_by'], 70)})"
+                        if r["predicted"] is not None else "—")
+                diff = fmt_bytes(r["difference"], signed=True) if r["difference"] is not None else "—"
+                out.append(f"| {md(r['term'], cell=True)} | {md(rep, cell=True)} | {md(pred, cell=True)} | "
+                           f"{md(diff, cell=True)} |")
+            out.append("")
+        if self.inequality:
+            out += [f"**What breaks**: {md(self.inequality)}", ""]
         if self.comparison:
             out += ["**Prediction vs report**", "", "| " + " | ".join(md(h, cell=True) for h in self.comparison_header)
                     + " |", "|" + "---|" * len(self.comparison_header)]
@@ -427,6 +447,40 @@ def _as_it_ran(ran: Fact | None) -> Iterator[None]:
             os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = old
 
 
+def _deployment_args(values: dict[str, Sourced], inputs: _Inputs) -> dict[str, Any]:
+    """``make_deployment``'s arguments for the values (a family stand-in: its preset's deployment)."""
+    spec = inputs.spec
+    assert spec is not None
+    v = {k: s.value for k, s in values.items()}
+    if inputs.family_of:
+        p = PRESETS[inputs.family_of]
+        return dict(tp=p.tp, max_model_len=p.max_model_len, device=p.device,
+                    gpu_memory_utilization=v["gpu_memory_utilization"], kv_transfer=bool(v["KV transfer"]))
+    args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
+                gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
+                dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")),
+                kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1)
+    if args["device_memory_bytes"] is None:
+        args.pop("device_memory_bytes")
+    args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"  # (and whose worker budgets)
+    return args
+
+
+def _predicted(values: dict[str, Sourced], inputs: _Inputs) -> Deployment | None:
+    """The deployment kvaudit predicts from the report's settings alone (its own weighing of the model, its memory
+    model's terms), even where it leaves no KV budget; ``None`` where vLLM refuses the settings themselves or the
+    model is a family stand-in (whose bytes are not the model's)."""
+    from kvaudit.plan.planner import make_deployment
+
+    if inputs.family_of:
+        return None
+    try:
+        return make_deployment(inputs.spec, **{**_deployment_args(values, inputs), "weights_bytes": None},  # type: ignore[arg-type]
+                               allow_no_kv_budget=True)
+    except (ConfigError, UsageError):
+        return None
+
+
 def _deployment(values: dict[str, Sourced], inputs: _Inputs) -> Deployment:
     """The deployment the values describe. A reported KV budget fixes the other non-KV memory:
     vLLM's budget is device memory × utilization − weights − the rest. A family stand-in is planned as
@@ -435,21 +489,10 @@ def _deployment(values: dict[str, Sourced], inputs: _Inputs) -> Deployment:
 
     spec = inputs.spec
     assert spec is not None
-    v = {k: s.value for k, s in values.items()}
-    if inputs.family_of:
-        p = PRESETS[inputs.family_of]
-        return make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, device=p.device,
-                               gpu_memory_utilization=v["gpu_memory_utilization"], kv_transfer=bool(v["KV transfer"]))
-    args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
-                gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
-                dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")),
-                kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1)
-    if args["device_memory_bytes"] is None:
-        args.pop("device_memory_bytes")
-    args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"  # (and whose worker budgets)
+    args = _deployment_args(values, inputs)
     d = make_deployment(spec, **args)
-    budget = v.get("KV budget")
-    if budget is None or budget <= 0:
+    budget = values["KV budget"].value if "KV budget" in values else None
+    if inputs.family_of or budget is None or budget <= 0:
         return d
     overhead = max(0, int(d.device_memory_bytes * d.gpu_memory_utilization) - budget - d.weights_bytes)
     return make_deployment(spec, **args, overhead_bytes=overhead, kv_cache_memory_bytes=budget)
@@ -487,15 +530,152 @@ def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tole
                           "was not planned and its allocator not audited.")
         return dataclasses.replace(t, not_audited=why)
     with _as_it_ran(inputs.ran):
+        predicted = _predicted(values, inputs)
+        led = _ledger(ev, values, inputs, predicted)
+        breach = led.breach(phase_of(ev))
+        found = dict(ledger=led, inequality=breach.inequality if breach is not None else None)
+        if breach is not None and breach.cause in START_REFUSALS and (_reported(led, breach) or _agrees(ev, breach)):
+            return _refused_start(ev, values, inputs, evidence, missing, predicted, led, breach)
         try:
             d = _deployment(values, inputs)
         except (ConfigError, UsageError) as e:  # kvaudit's reconstruction, not the user's deployment, is at fault
-            return _without_plan(ev, values, inputs, evidence, missing + [
+            return dataclasses.replace(_without_plan(ev, values, inputs, evidence, missing + [
                 "the full startup log, from `vllm serve` to the error"],
-                f"The deployment as reconstructed cannot be planned ({e.message}).")
+                f"The deployment as reconstructed cannot be planned ({e.message})."), **found)
         if not inputs.family_of:
             _derived_memory(values, d, ev)
-        return _conclude(ev, d, values, inputs, evidence, missing, tolerance)
+        t = _conclude(ev, d, values, inputs, evidence, missing, tolerance)
+        chosen = [r for r in t.audits if t.factor is not None and round(r.ratio, 4) == t.factor]
+        if chosen and not inputs.family_of:  # (a stand-in's bytes are not the model's)
+            r = chosen[0]
+            found["ledger"] = led.with_allocation(r.allocated_bytes, r.expected_bytes,
+                                                  f"{r.strategy}'s allocator on the meta meter",
+                                                  r.oom.request_bytes if r.oom is not None else None)
+        return dataclasses.replace(t, **found)
+
+
+START_REFUSALS = ("weights", "no-room-for-kv-cache", "budget-too-small-for-max-model-len")
+"""The breaches vLLM refuses to start on (or runs out loading): no KV cache is allocated, so no allocator is
+involved."""
+
+
+def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted: Deployment | None) -> Any:
+    """The report's ledger beside kvaudit's prediction: the deployment as the settings alone give it, and what one
+    request of its max_model_len needs (vLLM's own function, on the rank's layer specs under the platform's rule,
+    against the KV budget the report states, else the predicted one)."""
+    from kvaudit.errors import NotAuditable
+    from kvaudit.plan.planner import request_need
+    from kvaudit.triage import ledger
+
+    device = values.get("device memory")
+    stated = {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
+        ("line ", "title")) else {}
+    u = values["gpu_memory_utilization"].value
+    if predicted is None:  # a stand-in's bytes are not the model's: the report's own figures only
+        return ledger.build(ev, stated=stated, utilization=u)
+    budget = ledger.build(ev).row("KV budget").reported
+    rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
+    try:
+        need = request_need(predicted, rule, budget=budget)
+    except (ConfigError, NotAuditable):
+        need = None
+    return ledger.build(ev, predicted, need, stated=stated, utilization=u)
+
+
+def _agrees(ev: Evidence, breach: Any) -> bool:
+    """Whether a breach of kvaudit's predicted figures is the failure the report shows: a start-up refusal where vLLM
+    refused (its message, or a traceback in its planning), weights that do not fit where the device ran out loading
+    them. A report that shows another failure (an out-of-memory error elsewhere, a server that ran) contradicts it."""
+    phase = phase_of(ev)
+    if breach.cause == "weights":
+        return phase == "weight loading"
+    return phase == "kv-cache planning"
+
+
+def _reported(led: Any, breach: Any) -> bool:
+    """Whether the report's own figures decide the breach (its deciding term is reported, not predicted)."""
+    return led.row(breach.term).reported is not None
+
+
+def _refused_start(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
+                   missing: list[str], d: Deployment | None, led: Any, breach: Any) -> Triage:
+    """vLLM's budget breaks before any KV cache is allocated: the inequality, and fixes each planned again."""
+    from kvaudit.plan.planner import vllm_version
+
+    actions, rec_u = _fixes(inputs, d, values["gpu_memory_utilization"].value, led, breach)
+    if _reported(led, breach):  # the report's own figures decide: nothing more to ask for the verdict
+        missing = []
+    when = ("vLLM refuses to start" if breach.cause != "weights" else "the weights do not fit")
+    headline = (f"{when}: {breach.inequality}. {CAUSES[breach.cause][0].upper()}{CAUSES[breach.cause][1:]}; no KV "
+                "cache was allocated, so no allocator is involved.")
+    return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
+                  ask_for=tuple(missing), recommended_utilization=rec_u, cause=breach.cause, phase=phase_of(ev),
+                  planned_with=vllm_version(), ledger=led, inequality=breach.inequality)
+
+
+def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
+           breach: Any) -> tuple[list[str], float | None]:
+    """What fits, each fix checked by planning it again with vLLM (``request_need``, ``make_deployment``): the
+    max_model_len vLLM's estimate gives for the budget, the utilization that holds one request, the TP whose weights
+    fit."""
+    from kvaudit.errors import NotAuditable
+    from kvaudit.plan.planner import make_deployment, request_need
+
+    rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
+    T, K, R = led.value("device memory"), led.value("KV budget"), led.value("KV for one request")
+    actions: list[str] = []
+    rec_u = None
+    if breach.cause in ("budget-too-small-for-max-model-len", "no-room-for-kv-cache") and K is not None and R:
+        mml = led.fits_max_model_len
+        if breach.cause == "budget-too-small-for-max-model-len" and mml and led.fits_at:
+            actions.append(f"`--max-model-len {mml}`: vLLM's own estimate of what the budget holds ({_short(led.fits_at, 60)}).")
+        elif breach.cause == "budget-too-small-for-max-model-len" and mml and d is not None:
+            try:
+                again = request_need(dataclasses.replace(d, max_model_len=mml), rule, budget=K)
+            except (ConfigError, NotAuditable):
+                again = None
+            if again is not None and again.fits:
+                actions.append(f"`--max-model-len {mml}` fits: one request of it needs {fmt_bytes(again.bytes)} of "
+                               f"the {fmt_bytes(K)} KV budget (planned again with vLLM {_planner()}).")
+        want = -(-(R - K) * 100 // T) / 100 if T else 1.0  # the utilization the shortfall takes, rounded up to 0.01
+        if u + want <= 0.98:
+            u2 = round(u + want, 2)
+            grown = K + int((u2 - u) * T)
+            again = None
+            if d is not None:  # (without kvaudit's own deployment: the report's figures alone)
+                try:
+                    again = request_need(d, rule, budget=grown)
+                except (ConfigError, NotAuditable):
+                    pass
+            if again.fits if again is not None else grown >= R:
+                rec_u = u2
+                length = f" of {led.max_model_len:,} tokens" if led.max_model_len else ""
+                actions.append(f"`--gpu-memory-utilization {u2}` holds one request{length}: a KV budget of "
+                               f"{fmt_bytes(grown)} for the {fmt_bytes(again.bytes if again else R)} it needs, if the "
+                               "device has that room" + (" (planned again)." if again else " (the report's figures)."))
+    if breach.cause in ("weights", "no-room-for-kv-cache") and T and d is not None:
+        stated = led.row("weights").reported  # the report's weights, spread: kvaudit's weighing may differ from them
+        for tp in (2 * d.tp, 4 * d.tp, 8 * d.tp):
+            try:
+                wider = make_deployment(d.model, tp=tp, gpu_memory_utilization=u, max_model_len=d.max_model_len,
+                                        device="atlas-a2-64g" if d.platform == "ascend" else "h100-80g",
+                                        device_memory_bytes=T, dtype=d.requested_dtype,
+                                        kv_cache_dtype=d.kv_cache_dtype, pp=d.pp, quantization=d.quantization,
+                                        weights_bytes=stated * d.tp // tp if stated else None)
+                if not request_need(wider, rule).fits:
+                    continue
+            except (ConfigError, UsageError, NotAuditable):
+                continue
+            actions.append(f"`--tensor-parallel-size {tp}` fits: {fmt_bytes(wider.weights_bytes)} of weights and a "
+                           f"KV budget of {fmt_bytes(wider.kv_budget_bytes)} per rank (planned again).")
+            break
+    if not actions:
+        actions.append({"weights": "Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized "
+                                   "checkpoint.",
+                        "no-room-for-kv-cache": "Give the KV cache room: a higher `--gpu-memory-utilization`, a larger "
+                                                "`--tensor-parallel-size`, or a smaller or quantized model.",
+                        }.get(breach.cause, "Lower `--max-model-len`, or give the KV cache more memory."))
+    return actions, rec_u
 
 
 def _device_ran_out(ev: Evidence) -> bool:

@@ -1,0 +1,112 @@
+"""The memory ledger (kvaudit/triage/ledger.py): each term reported (with its line) beside predicted, and the
+inequality of vLLM's budget the figures break, on real start-up logs and out-of-memory lines (each fixture cites its
+thread)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import ROOT
+from kvaudit.model.memory import Term
+from kvaudit.triage import ledger
+from kvaudit.triage.evidence import clean_lines, extract
+from kvaudit.units import GiB
+
+pytestmark = pytest.mark.fast
+
+
+def _facts(path: str):
+    return extract(clean_lines((ROOT / path).read_text()))
+
+
+def _deployment(**kw):
+    """What the ledger reads of a ``Deployment`` (its fields and ``kv_budget_bytes``), without planning one."""
+    d = dict(device="h100-80g", device_memory_bytes=80 * GiB, gpu_memory_utilization=0.9, weights_bytes=60 * GiB,
+             weights_source="the model", max_model_len=8192,
+             overhead_terms=(Term("peak_activation", 2 * GiB, "profile"), Term("non_torch", GiB, "nccl"),
+                             Term("cuda_graphs", GiB // 2, "graphs", budgeted=False)))
+    d.update(kw)
+    ns = SimpleNamespace(**d)
+    ns.kv_budget_bytes = int(ns.device_memory_bytes * ns.gpu_memory_utilization) - ns.weights_bytes - sum(
+        t.bytes for t in ns.overhead_terms if t.budgeted)
+    return ns
+
+
+def test_vllms_refusal_for_max_model_len_is_the_inequality_its_figures_break():
+    """vllm#34076: "24.0 GiB KV cache is needed, which is larger than the available KV cache memory (3.18 GiB)"."""
+    led = ledger.build(_facts("fixtures/startup-logs/cuda/vllm-34076-qwen3-coder-30b-fp8-pp2-5070ti-5090d.log"))
+    need, have = led.row("KV for one request"), led.row("KV budget")
+    assert (need.reported, have.reported) == (24 * GiB, round(3.18 * GiB))
+    assert need.reported_at.startswith("line 11: ") and need.predicted is None
+    b = led.breach()
+    assert b is not None and (b.cause, b.term) == ("budget-too-small-for-max-model-len", "KV for one request")
+    assert b.inequality == "KV for one request of 262,144 tokens 24.00 GiB (line 11) > KV budget 3.18 GiB (line 11)"
+
+
+def test_a_negative_kv_budget_is_no_room_whatever_else_is_known():
+    """vllm#23278: gpt-oss-120b on an H100, "Available KV cache memory: -2.14 GiB" after 65.97 GiB of weights."""
+    led = ledger.build(_facts("fixtures/startup-logs/cuda/vllm-23278-gpt-oss-120b-h100-negative-kv.log"))
+    assert led.row("KV budget").reported == round(-2.14 * GiB)
+    assert led.row("weights").reported == round(65.9651 * GiB) and led.row("weights").reported_at.startswith("line 4:")
+    b = led.breach()
+    assert b is not None and (b.cause, b.term) == ("no-room-for-kv-cache", "KV budget")
+    assert b.inequality == "KV budget -2.14 GiB (line 9) ≤ 0"
+
+
+def test_memory_other_processes_hold_breaks_the_headroom_the_utilization_leaves():
+    """QwenLM/Qwen3#187: torch's message lists six other processes on GPU 0 beside "this process has 29.47 GiB"."""
+    facts = _facts("fixtures/reports/develop/QwenLM-Qwen3-187.txt")
+    oom = facts.first("oom").value
+    led = ledger.build(facts, _deployment(device_memory_bytes=oom.total, weights_bytes=10 * GiB))
+    outside = led.row("outside this process")
+    assert outside.reported == oom.total - oom.this_process - oom.free and outside.reported > 40 * GiB
+    assert led.row("failing allocation").reported == 768 << 20
+    assert led.row("free when it ran out").reported == oom.free  # what it met, on the same line
+    b = led.breach()
+    assert b is not None and (b.cause, b.term) == ("another-process", "outside this process")
+    assert "what the utilization leaves free, (1 − 0.9) × 79.15 GiB" in b.inequality
+    # the same line at a utilization that leaves that much free: no breach
+    assert ledger.build(facts, _deployment(device_memory_bytes=oom.total, weights_bytes=10 * GiB,
+                                           gpu_memory_utilization=0.3)).breach() is None
+
+
+def test_one_process_holding_the_device_breaks_nothing_outside():
+    """vllm#27508: "Process 3270336 has 78.96 GiB memory in use" of 79.11 GiB, 140.75 MiB free: all of it is this
+    process's; the other figures decide."""
+    facts = _facts("fixtures/reports/threads/vllm-27508.txt")
+    led = ledger.build(facts, _deployment(device_memory_bytes=round(79.11 * GiB), gpu_memory_utilization=0.95))
+    assert abs(led.row("outside this process").reported) < GiB // 10
+    assert led.breach() is None or led.breach().term != "outside this process"
+
+
+def test_predicted_terms_come_from_the_deployment_and_the_reported_ones_win():
+    d = _deployment()
+    led = ledger.build(extract(["INFO [gpu_worker.py:276] Available KV cache memory: 5.00 GiB"]), d)
+    kv = led.row("KV budget")
+    assert (kv.reported, kv.predicted, kv.difference) == (5 * GiB, d.kv_budget_bytes, 5 * GiB - d.kv_budget_bytes)
+    assert kv.value == 5 * GiB and kv.source.startswith("line 1: ")
+    assert led.row("weights").value == 60 * GiB and led.row("weights").source == "predicted: the model"
+    assert led.row("graphs").predicted == GiB // 2 and "not subtracted" in led.row("graphs").predicted_by
+    assert led.row("budget").predicted == int(80 * GiB * 0.9)
+    assert [r["term"] for r in led.to_dict()] == ["device memory", "budget", "weights", "peak activation",
+                                                  "non-torch", "graphs", "KV budget"]
+    assert led.breach() is None  # 5 GiB of KV and nothing else known: no inequality breaks
+
+
+def test_weights_over_the_device_come_first():
+    led = ledger.build(extract([""]), _deployment(weights_bytes=90 * GiB))
+    b = led.breach()
+    assert b is not None and (b.cause, b.term) == ("weights", "weights")
+    assert b.inequality == "weights 90.00 GiB (predicted) > device memory 80.00 GiB (predicted)"
+    assert led.breach("serving requests") is None or led.breach("serving requests").cause != "weights"
+
+
+def test_a_request_longer_than_the_budget_holds_is_short_of_kv():
+    need = SimpleNamespace(bytes=20 * GiB, max_model_len=131072, fits_max_model_len=70000)
+    led = ledger.build(extract([""]), _deployment(), need)
+    assert led.row("KV for one request").predicted == 20 * GiB and led.fits_max_model_len == 70000
+    b = led.breach()
+    assert b is not None and b.cause == "budget-too-small-for-max-model-len"
+    assert b.inequality.startswith("KV for one request of 131,072 tokens 20.00 GiB (predicted) > KV budget")
