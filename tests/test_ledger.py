@@ -110,3 +110,32 @@ def test_a_request_longer_than_the_budget_holds_is_short_of_kv():
     b = led.breach()
     assert b is not None and b.cause == "budget-too-small-for-max-model-len"
     assert b.inequality.startswith("KV for one request of 131,072 tokens 20.00 GiB (predicted) > KV budget")
+
+
+def test_the_package_a_traceback_frame_belongs_to():
+    from kvaudit.triage.evidence import _package
+
+    assert _package("/opt/venv/lib/python3.12/site-packages/lmcache/v1/memory_management.py") == "lmcache"
+    assert _package("/usr/local/lib/python3.12/dist-packages/deep_ep/buffer.py") == "deep_ep"
+    assert _package("/usr/local/lib/python3.10/dist-packages/vllm/v1/worker/gpu_model_runner.py") == "vllm"
+    assert _package("/workspace/vllm/vllm/v1/worker/gpu_worker.py") == "vllm"  # a source checkout
+    assert _package("/home/me/run.py") is None  # the reporter's own script
+
+
+def test_memory_a_component_outside_vllms_budget_allocated_is_that_components():
+    """The deepest frame above the out-of-memory line that is neither vLLM's runtime nor Python's names who asked for
+    the memory; vLLM's own frame there means vLLM did. Frames as Python prints them; the out-of-memory line is
+    QwenLM/Qwen3#187's."""
+    oom = (ROOT / "fixtures/reports/develop/QwenLM-Qwen3-187.txt").read_text().splitlines()[3]
+    frame = '  File "/opt/venv/lib/python3.12/site-packages/{}", line 10, in f\n    x = torch.empty(n)\n'
+    through_connector = ("Traceback (most recent call last):\n" + frame.format("vllm/v1/worker/gpu_model_runner.py")
+                         + frame.format("lmcache/v1/memory_management.py") + frame.format("torch/utils/_device.py")
+                         + oom)
+    facts = extract(through_connector.splitlines())
+    assert facts.value("oom_package") == "lmcache" and facts.first("oom_package").line == 4
+    b = ledger.build(facts).breach()
+    assert b is not None and (b.cause, b.term) == ("outside-budget", "failing allocation")
+    assert b.inequality == "the allocation that ran out (768.00 MiB (line 8)) is lmcache's (line 4), memory vLLM's budget does not hold"
+    by_vllm = ("Traceback (most recent call last):\n" + frame.format("lmcache/integration/vllm/adapter.py")
+               + frame.format("vllm/v1/worker/gpu_model_runner.py") + frame.format("torch/nn/modules/module.py") + oom)
+    assert extract(by_vllm.splitlines()).value("oom_package") is None  # vLLM allocated, whoever called it

@@ -42,6 +42,8 @@ CAUSES = {
                             "device, leaving no KV budget",
     "budget-too-small-for-max-num-seqs": "the KV budget holds fewer Mamba states than --max-num-seqs sequences",
     "another-process": "another process holds device memory outside vLLM's profile",
+    "outside-budget": "a component vLLM's budget does not hold (a KV connector's buffers, a plugin, a trainer in the "
+                      "same process) allocated the memory that ran out",
     "graph-capture": "CUDA/ACL graph capture, after the KV cache was allocated",
     "activations-while-serving": "activations while serving requests, outside the KV cache",
     "memory-profiling": "the profile run's activations, before the KV cache was planned",
@@ -590,6 +592,16 @@ def _agrees(ev: Evidence, breach: Any) -> bool:
     if breach.cause == "weights":
         return phase == "weight loading"
     return phase == "kv-cache planning"
+
+
+def _ledger_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: str | None) -> Any:
+    """The inequality the report's own figures break (no prediction: where kvaudit does not plan)."""
+    from kvaudit.triage import ledger
+
+    device = values.get("device memory")
+    stated = {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
+        ("line ", "title")) else {}
+    return ledger.build(ev, stated=stated, utilization=u).breach(phase)
 
 
 def _reported(led: Any, breach: Any) -> bool:
@@ -1151,6 +1163,14 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
                 rec_u = None
+    elif (breach := _ledger_breach(ev, values, u, phase)) is not None and breach.cause == "outside-budget":
+        cause = breach.cause
+        name = ev.value("oom_package")
+        text = (f"the device ran out in {name}'s code: {breach.inequality}. {CAUSES[cause][0].upper()}"
+                f"{CAUSES[cause][1:]}: vLLM's profile does not see it, so the KV cache took the room it needed.")
+        actions.append(f"Leave {name} its memory: lower `--gpu-memory-utilization` by what {name} allocates on the "
+                       f"device (its buffer settings), or move its buffers off the device; then check {name}'s "
+                       "release notes for the allocation that failed.")
     elif changes and pair is not None:
         c = changes[-1]
         cause = c.cause

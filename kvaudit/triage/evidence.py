@@ -514,6 +514,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             _title(ev, first + 1, lines[first])
     title_line = next((f.line for f in ev.all("title")), -1)
     frames: list[tuple[int, str]] = []
+    packages: dict[int, str | None] = {}
     tracebacks: list[int] = []
     commands: list[_Command] = []
     variables: dict[str, str] = {}
@@ -618,6 +619,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             tracebacks.append(n)
         if frame is not None:
             frames.append((n, frame["func"]))
+            packages[n] = _package(frame["path"])
             if "vllm_ascend" in frame["path"]:
                 ev.add("platform", "ascend", n, line)
         if "out of memory" in low and (oom := parse_oom(line)) is not None and oom.tried is not None:
@@ -664,6 +666,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         phase = _phase(frames, oom.line)
         if phase is not None:
             ev.add("oom_phase", phase[0], phase[1], lines[phase[1] - 1])
+    for oom in ev.all("oom")[:1]:
+        owner = _allocating_package(packages, oom.line)
+        if owner is not None:
+            ev.add("oom_package", owner[0], owner[1], lines[owner[1] - 1])
     if tracebacks:  # the phase of the last traceback, with or without an out-of-memory line
         last = [f for f in frames if f[0] > tracebacks[-1]]
         phase = _phase(last, last[-1][0] + 1) if last else None
@@ -1027,6 +1033,40 @@ def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
     for c in commands:
         if c is not chosen and c.outcome == "works":
             ev.add("working_launch", dict(c.facts), c.line, c.text)
+
+
+_RUNTIME = {"torch", "torch_npu", "vllm", "vllm_ascend", "triton", "transformers", "accelerate", "safetensors",
+            "huggingface_hub", "ray", "uvloop", "asyncio", "concurrent", "threading", "multiprocessing", "runpy",
+            "fastapi", "starlette", "uvicorn", "typing_extensions", "contextlib", "functools"}
+"""Packages whose frames allocate on vLLM's behalf (vLLM itself, torch, the model's libraries) or only run code
+(Python's and the server's machinery): none of them is a component outside vLLM's budget."""
+
+
+def _package(path: str) -> str | None:
+    """The package a traceback frame's file belongs to (``.../site-packages/lmcache/v1/...`` -> ``lmcache``; a source
+    checkout's ``.../vllm/v1/worker/...`` -> ``vllm``), or ``None`` for a script of the reporter's."""
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py").split("-")[0]
+    for known in ("vllm_ascend", "vllm", "torch_npu", "torch"):
+        if known in parts[:-1]:
+            return known
+    return None
+
+
+def _allocating_package(packages: dict[int, str | None], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
+    """The component whose code asked for the allocation that ran out: the deepest frame above the out-of-memory line
+    (within ``reach`` lines) in a package that is not vLLM's runtime (``_RUNTIME``), where that frame is deeper than
+    vLLM's own last frame (a connector vLLM calls, not vLLM calling torch)."""
+    above = sorted(n for n in packages if oom_line - reach <= n < oom_line)
+    for n in reversed(above):
+        package = packages[n]
+        if package in ("vllm", "vllm_ascend"):
+            return None  # vLLM's own frame is the deepest that is not torch's: vLLM allocated
+        if package is not None and package not in _RUNTIME:
+            return package, n
+    return None
 
 
 def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:

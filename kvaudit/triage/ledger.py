@@ -117,6 +117,9 @@ class Ledger:
     (vLLM's function on the predicted rank's layer specs)."""
     fits_at: str = ""
     """``line N: <text>`` of a reported estimate; empty for kvaudit's."""
+    component: tuple[str, str] | None = None
+    """The package whose code asked for the allocation that ran out, where it is no part of vLLM's runtime (a KV
+    connector, a plugin, a trainer), with the ``line N: ...`` of its frame."""
 
     def row(self, term: str) -> Row:
         """The row of ``term`` (an empty one where nothing is known of it)."""
@@ -165,6 +168,10 @@ class Ledger:
                           f"KV budget {self._at('KV budget')}" if self.max_model_len else
                           f"KV for one request {self._at('KV for one request')} > KV budget {self._at('KV budget')}",
                           "KV for one request")
+        if self.component is not None:
+            name, at = self.component
+            return Breach("outside-budget", f"the allocation that ran out ({self._at('failing allocation')}) is "
+                          f"{name}'s ({at.split(':', 1)[0]}), memory vLLM's budget does not hold", "failing allocation")
         outside = self.row("outside this process")
         if T and u and outside.value is not None and outside.value > (1 - u) * T + (1 << 30):
             return Breach("another-process", f"held outside this process {self._at('outside this process')} > "
@@ -226,4 +233,5 @@ def build(facts: Any, d: Any = None, need: Any = None,
                   need.max_model_len if need is not None else d.max_model_len if d is not None else
                   mml.value if mml is not None else None,
                   est.value if est is not None else need.fits_max_model_len if need is not None else None,
-                  est.source if est is not None else "")
+                  est.source if est is not None else "",
+                  (owner.value, owner.source) if (owner := facts.first("oom_package")) is not None else None)
