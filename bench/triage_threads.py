@@ -1,6 +1,7 @@
 """Triage scored on real issue threads: for each report of a folder of ``fixtures/reports`` (``threads``, ``develop``,
 ``held-out-1``, ``held-out-2``), ``kvaudit triage --format json`` as a user runs it, set against the diagnosis its thread reached
-(``expected.json``, written from the thread before any run).
+(``expected.json``, written from the thread before any run). Also prints the seconds each report took once vLLM is
+imported, for the reports vLLM's planner planned and for the rest (median and max).
 
     .venv/bin/python bench/triage_threads.py develop [held-out-1 held-out-2 threads] [--show]
 
@@ -15,6 +16,7 @@ import argparse
 import contextlib
 import io
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -53,12 +55,14 @@ def score(folder: str, show: bool = False) -> dict:
     expected = {k: v for k, v in json.loads((base / "expected.json").read_text()).items() if not k.startswith("_")}
     totals = dict(reports=0, scored=0, right=0, verdict_right=0, tracebacks=0, exit2=0, allocator_contradicted=0,
                   asked_stated=0)
+    times: dict[bool, list[float]] = {True: [], False: []}
     for name in sorted(expected):
         want = expected[name]
         t0 = time.perf_counter()
         code, doc, err = run(base / name)
         took = time.perf_counter() - t0
         totals["reports"] += 1
+        times[bool((doc or {}).get("planned_with_vllm"))].append(took)
         got_v, got_c = (doc or {}).get("verdict"), (doc or {}).get("cause")
         notes = []
         if code is None:
@@ -93,6 +97,9 @@ def score(folder: str, show: bool = False) -> dict:
           f"{totals['reports']} reports, {totals['tracebacks']} tracebacks, {totals['exit2']} exit 2, "
           f"{totals['allocator_contradicted']} allocator blamed against the thread, "
           f"{totals['asked_stated']} questions about a stated fact")
+    print(f"{folder}: seconds per report, vLLM imported: " + "; ".join(
+        f"{len(ts)} {what}: median {statistics.median(ts):.2f}, max {max(ts):.2f}"
+        for what, ts in (("planned", times[True]), ("not planned", times[False])) if ts))
     return totals
 
 
@@ -101,6 +108,12 @@ def main() -> None:
     ap.add_argument("folders", nargs="*", default=["develop"])
     ap.add_argument("--show", action="store_true", help="print the headline of each miss")
     a = ap.parse_args()
+    from kvaudit.plan.planner import load_vllm, vllm_version
+    from kvaudit.triage.commands import parser_name
+
+    if vllm_version() is not None:  # imported before the first report: each report's time is its own
+        load_vllm()
+        parser_name()
     for folder in a.folders:
         score(folder, a.show)
         sys.stdout.flush()
