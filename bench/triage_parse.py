@@ -1,5 +1,5 @@
 """Triage reading benchmark: how long ``kvaudit.triage.evidence`` takes to read a 1 MB paste (the shipped reports, real
-threads and startup logs, repeated to size; not the held-out-5 and -6 threads, collected after the paste was fixed), once the imports are done:
+threads and startup logs, repeated to size; not the held-out-5, -6 and -7 or develop-2 threads, collected after the paste was fixed), once the imports are done:
 the launches in it are read by the installed vLLM's own argument parser, built once per process before the timing.
 
     .venv/bin/python bench/triage_parse.py [--mib 1] [--reps 5]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def paste(size: int) -> str:
     """Real report text repeated to ``size`` bytes (UTF-8), cut at a line end."""
     reports = sorted(p for p in (ROOT / "fixtures" / "reports").rglob("*.txt")
-                     if not {"held-out-5", "held-out-6", "incoming"} & set(p.parts)) + sorted(
+                     if not {"held-out-5", "held-out-6", "held-out-7", "develop-2", "incoming"} & set(p.parts)) + sorted(
         (ROOT / "fixtures" / "reports").glob("*.log"))
     one = "\n".join(p.read_text() for p in reports)
     text = one * (size // len(one.encode()) + 1)
