@@ -14,6 +14,7 @@ tables; and facts users state in prose ("works with --enforce-eager", "0.6 works
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass, field
@@ -307,6 +308,9 @@ _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
 _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memory: (?P<t>\d{1,18})")
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
+_LOG_RECORD = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:\x1b\[[0-9;]*m)?(?:INFO|WARNING|ERROR|DEBUG)"
+                         r"(?:\x1b\[[0-9;]*m)?\s+\S+\s+\S+\s+\[[\w.]+:\d+\]")
+"""A vLLM log record's prefix (``(EngineCore_DP0 pid=1) INFO 12-05 10:00:00 [gpu_worker.py:276]``)."""
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
@@ -492,6 +496,10 @@ class _Command:
     facts: list[tuple[str, Any]]
     outcome: str | None
     """``works`` or ``fails`` where the paste says so next to the command."""
+    rest: str = ""
+    """Its words after the program, as read (a launch's flags; the next line's where a terminal wrapped it)."""
+    last: int = 0
+    """The last line it takes."""
 
 
 def _all_words() -> tuple[str, ...]:
@@ -520,6 +528,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     variables: dict[str, str] = {}
     pip_show: str | None = None
     stated: list[tuple[int, str, Any]] = []
+    quoted: set[int] = set()
     imported = 0
     lows = [line.lower() for line in lines]
     where = lines_holding(lows, _ALL)  # every word any reader gates on, found in one pass over the text
@@ -532,6 +541,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if not low.strip():
             continue
         frame = _FRAME.search(line) if 'file "' in low else None
+        if frame is None and ('file "' in low or low.strip() == "file") and n < len(lines):  # wrapped onto 2 more
+            frame = _FRAME.search(line.rstrip() + " " + lines[n].strip()) or (
+                n + 1 < len(lines) and _FRAME.search(" ".join(x.strip() for x in lines[n - 1:n + 2]))) or None
         if "vllm" in low or "torch" in low or "version" in low or "llm engine (v" in low:
             _versions(ev, n, line, frame is not None)
         if ("huggingface.co/" in low or "hf-mirror.com/" in low or "modelscope.cn/models/" in low) and (
@@ -569,21 +581,36 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if "namespace(" in low and (m := _NAMESPACE.search(line)):
             _read_launch(ev, n, line, read_call("Namespace(" + m["d"] + ")", {}), add=True)
         logical, k = line, n
-        continued = _continues(lines, n)
+        continued = _continues(lines, n) or n in quoted
         if not continued:
-            while logical.rstrip().endswith("\\") and k < len(lines) and k < n + 60:  # a command continued with "\"
-                logical, k = logical.rstrip()[:-1] + " " + lines[k].rstrip(), k + 1
+            while k < len(lines) and k < n + 60:
+                if logical.rstrip().endswith("\\"):  # a command continued with "\"
+                    logical, k = logical.rstrip()[:-1] + " " + lines[k].rstrip(), k + 1
+                elif "--" in logical and (_open_quote(logical) or _FLAG_AT_END.search(logical)) and (
+                        _ARGS_VAR.search(line) or _CMD.search(line)) and not _NEW_RECORD.match(lines[k]):
+                    quoted.add(k + 1)  # a quoted argument list goes on, as a shell reads it, on the next line
+                    logical, k = logical.rstrip() + " " + lines[k].strip(), k + 1
+                else:
+                    break
         lowl = logical.lower() if k > n else low
         if not continued and (("vllm serve" in lowl or "api_server" in lowl or "benchmark_" in lowl
                                           or "vllm bench" in lowl or "vllm-openai" in lowl or "vllm_worker" in lowl
                                           or "-m vllm" in lowl) and (m := _CMD.search(logical))
-                                         or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(line))):
-            launch = _launch(expand(m["rest"], variables), m.re is _ARGS_VAR)
+                                         or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(logical) or (
+                                             commands and commands[-1].last == n - 1 and _FLAG_ONLY.search(logical)))):
+            rest = m["rest"]
+            wraps = m.re in (_FLAGS_LINE, _FLAG_ONLY) and commands and commands[-1].last == n - 1
+            if wraps:  # flags alone right below a launch: the launch, wrapped at the terminal's width
+                rest = commands[-1].rest + " " + rest
+            launch = _launch(expand(rest, variables), m.re is _ARGS_VAR)
             if m.re is _FLAGS_LINE and any(_WORD_REFUSED.search(u) for u in launch.unread):
                 launch = Launch((), (), launch.parser)  # a sentence that begins with a flag: "--max-model-len set to 512"
             _read_launch(ev, n, line, launch)
-            if launch.facts:
-                commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
+            if wraps:
+                commands[-1] = dataclasses.replace(commands[-1], facts=list(launch.facts) or commands[-1].facts,
+                                                   rest=rest, last=k)
+            elif launch.facts:
+                commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k), rest, k))
         elif ("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) and frame is None:
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
@@ -593,7 +620,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             _read_launch(ev, n, line, launch)
             commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k)))
         elif prose and not continued and ("-" in line or "=" in line or ":" in line or "：" in line):
-            stated.extend((n, key, value) for key, value in stated_settings(line).facts)
+            said = line
+            if n < len(lines) and _VALUE_WRAPPED.search(line) and lines[n].strip():
+                said += " " + lines[n].split()[0]  # a value a paste wrapped away from its name ("tp:" / "8, ...")
+            stated.extend((n, key, value) for key, value in stated_settings(said).facts)
         if "model" in low or "模型" in line:
             for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
                 if m := rx.search(line):
@@ -603,7 +633,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("worker_tp_rank", int(m["v"]), n, line)
         if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
-        if frame is None and n in logged:
+        if frame is None and (n in logged or n in opened or n < len(lines) and _LOG_RECORD.match(line)
+                              and not _NEW_RECORD.match(lines[n])):
             for key, value in _log_facts(lines, n, line, opened):  # vLLM's and vllm-ascend's own formats
                 ev.add(key, value, n, line)
         if "available memory" in low and (m := _ASCEND_AVAILABLE.search(line)):
@@ -622,7 +653,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             packages[n] = _package(frame["path"])
             if "vllm_ascend" in frame["path"]:
                 ev.add("platform", "ascend", n, line)
-        if "out of memory" in low and (oom := parse_oom(line)) is not None and oom.tried is not None:
+        if "out of memory" in low and (oom := parse_oom(_wrapped(lines, n))) is not None and oom.tried is not None:
             ev.add("oom", oom, n, line)
             ev.add("platform", "ascend" if (oom.device or "").startswith("NPU") else "cuda", n, line)
             if oom.total:
@@ -915,7 +946,15 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> Non
 
 
 _NEEDLES = needles()
-_MESSAGE_STARTS = frozenset(a.split("…")[0].strip().lower() for a in anchors() if len(a.split("…")[0].strip()) >= 12)
+def _opening(anchor: str) -> str:
+    """A catalogued message's first three words (four where three are shorter than 10 characters), lower-cased: what
+    the first line of the message holds wherever a paste wrapped it."""
+    words = anchor.split("…")[0].split()
+    head = " ".join(words[:3])
+    return (head if len(head) >= 10 else " ".join(words[:4])).lower()
+
+
+_MESSAGE_STARTS = frozenset(o for o in map(_opening, anchors()) if len(o) >= 10)
 """The opening words of each catalogued message (``kvaudit.triage.loglines.anchors``): a line holding one may be a message a
 paste wrapped onto the next lines."""
 _CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG) \S+ \S+ "
@@ -928,8 +967,14 @@ def _log_facts(lines: list[str], n: int, line: str, starts: set[int]) -> list[tu
     message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole where the line
     is one of ``starts``, those holding a message's opening words."""
     got = read_line(line)
-    if got or n not in starts:
+    if got:
         return got
+    if n not in starts:  # a log record a terminal wrapped: its message goes on over the lines that start no record
+        if n >= len(lines) or _NEW_RECORD.match(lines[n]):
+            return []
+        text, taken = _wrapped(lines, n), _continuation(lines, n)
+        alone = {f for k in range(n, n + taken) for f in read_line(lines[k])}
+        return [f for f in read_line(text) if f not in alone]
     joined, alone = line.rstrip(), set()
     for k in range(n, min(n + 3, len(lines))):
         more = _CONTINUED.sub("", lines[k], count=1).strip()
@@ -939,6 +984,28 @@ def _log_facts(lines: list[str], n: int, line: str, starts: set[int]) -> list[tu
         if got:
             return got
     return []
+
+
+_NEW_RECORD = re.compile(r"^\s*(?:$|```|\(\w+ pid=\d+\)|\[rank\d+\]|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|Traceback|File \"|"
+                         r"\[\.\.\.\]|\w+(?:\.\w+)*(?:Error|Exception):|\d{4}-\d\d-\d\d[T ]\d\d:\d\d|\$ |[|+]|#)")
+"""A line that starts a record of its own (a log record, a traceback, a cut, a fence), not the rest of a message."""
+
+
+def _continuation(lines: list[str], n: int, most: int = 8) -> int:
+    """How many lines after line ``n`` a paste wrapped its message onto (up to ``most``): each next line that starts
+    no record of its own."""
+    taken = 0
+    for k in range(n, min(n + most, len(lines))):
+        if _NEW_RECORD.match(lines[k]):
+            break
+        taken += 1
+    return taken
+
+
+def _wrapped(lines: list[str], n: int) -> str:
+    """Line ``n`` with the lines a paste wrapped its message onto. torch's out-of-memory message is one line, which
+    terminals wrap."""
+    return " ".join([lines[n - 1]] + [x.strip() for x in lines[n:n + _continuation(lines, n)]])
 
 
 def _shell_value(text: str) -> str:
@@ -957,6 +1024,22 @@ def _named_changes(ev: Evidence, lines: list[str], where: Where) -> None:
         if named:
             n = min(named)
             ev.add("change_named", change.release, n, lines[n - 1])
+
+
+_FLAG_ONLY = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*)\s*$")
+"""A line that holds one switch alone: a launch's, where it follows one (``--enforce-eager`` on a line of its own)."""
+_FLAG_AT_END = re.compile(r"\s--?[A-Za-z][\w-]*\s*$")
+"""A launch line that ends with a flag: its value is on the next line (a paste wrapped at the terminal's width)."""
+_VALUE_WRAPPED = re.compile(r"(?:[A-Za-z_]\w*[ \t]*[=:：]|--?[A-Za-z][\w-]*)[ \t]*$")
+"""A line that ends with a setting's name or flag, its value on the next line."""
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` leaves a shell quote open (an odd count of unescaped ``"``, or of ``'`` outside them)."""
+    double = len(re.findall(r'(?<!\\)"', text))
+    if double % 2:
+        return True
+    return len(re.findall(r"'", re.sub(r'"[^"]*"', "", text))) % 2 == 1
 
 
 def _continues(lines: list[str], n: int) -> bool:
