@@ -540,3 +540,13 @@ def test_a_refusal_kvaudit_predicts_but_the_report_does_not_show_is_not_conclude
                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
     assert t.verdict == INSUFFICIENT
     assert t.inequality.startswith("KV for one request of 131,072 tokens 16.00 GiB (predicted) > KV budget")
+
+
+def test_an_answer_without_a_plan_still_shows_the_reports_own_ledger():
+    """QwenLM/Qwen3#187 names a 72B model kvaudit does not plan here: its ledger holds the figures torch's message
+    states and the weights the name implies, and the inequality they break is the answer's cause."""
+    t = _triage("develop/QwenLM-Qwen3-187.txt")
+    rows = {r["term"]: r for r in t.to_dict()["ledger"]}
+    assert rows["outside this process"]["reported"] > 40 * GiB and rows["free when it ran out"]["reported"] > 0
+    assert "from the model's name" in rows["weights"]["predicted_by"] and rows["weights"]["reported"] is None
+    assert t.cause == "weights" and t.inequality.startswith("weights 134.11 GiB (predicted) > device memory")

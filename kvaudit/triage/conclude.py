@@ -519,18 +519,21 @@ def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tole
                          "give the issue's text, startup log or traceback")
     values, missing, inputs = reconstruct(ev, config)
     evidence = _evidence_lines(ev)
+    own = _ledger(ev, values, inputs, None)  # the report's own figures: every answer shows them
+    breach = own.breach(phase_of(ev))
+    stated = dict(ledger=own, inequality=breach.inequality if breach is not None else None)
     outside = _outside(ev, values, evidence)
     if outside is not None:
-        return outside
+        return dataclasses.replace(outside, **stated)
     if inputs.spec is None:
-        return _without_plan(ev, values, inputs, evidence, missing)
+        return dataclasses.replace(_without_plan(ev, values, inputs, evidence, missing), **stated)
     from kvaudit.plan.planner import vllm_version
 
     if vllm_version() is None:  # the reading stands; only what needs vLLM's planner is left out
         why = "vLLM is not installed where kvaudit ran (pip install vllm, or run kvaudit in the serving environment)"
         t = _without_plan(ev, values, inputs, evidence, missing, f"The report was read; {why}, so the deployment "
                           "was not planned and its allocator not audited.")
-        return dataclasses.replace(t, not_audited=why)
+        return dataclasses.replace(t, not_audited=why, **stated)
     with _as_it_ran(inputs.ran):
         predicted = _predicted(values, inputs)
         led = _ledger(ev, values, inputs, predicted)
@@ -573,8 +576,9 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
     stated = {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
         ("line ", "title")) else {}
     u = values["gpu_memory_utilization"].value
-    if predicted is None:  # a stand-in's bytes are not the model's: the report's own figures only
-        return ledger.build(ev, stated=stated, utilization=u)
+    if predicted is None:  # no deployment of kvaudit's (or a stand-in's, whose bytes are not the model's)
+        named = _weights(values) if "weights" not in values and not inputs.family_of else None
+        return ledger.build(ev, stated=stated, utilization=u, weights=named)
     budget = ledger.build(ev).row("KV budget").reported
     rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
     try:

@@ -186,13 +186,15 @@ class Ledger:
 
 
 def build(facts: Any, d: Any = None, need: Any = None,
-          stated: dict[str, tuple[int, str]] | None = None, utilization: float | None = None) -> Ledger:
+          stated: dict[str, tuple[int, str]] | None = None, utilization: float | None = None,
+          weights: tuple[int, str] | None = None) -> Ledger:
     """The ledger of a report's facts (``kvaudit.triage.evidence.Evidence``) beside the deployment kvaudit predicts
     (``d``: a ``Deployment`` planned from the report's settings alone, or ``None``), the KV one request needs
     (``need``: ``kvaudit.plan.planner.RequestNeed``). ``stated``: a
     term's reported figure and its ``line N: ...`` where the report states it otherwise than by a fact of
     ``REPORTED`` (a device's memory read from its name); ``utilization``: the one the report runs at, where no
-    deployment gives it."""
+    deployment gives it; ``weights``: a prediction of the weights per rank and how it was made, where no deployment
+    gives one (the parameter count a model's name states)."""
     rows = []
     terms = {t.key: t for t in (d.overhead_terms if d is not None else ())}
     for term in TERMS:
@@ -214,6 +216,8 @@ def build(facts: Any, d: Any = None, need: Any = None,
                 predicted, by = t.bytes, t.source + ("" if t.budgeted else " (not subtracted from the budget)")
             elif term == "KV budget":
                 predicted, by = d.kv_budget_bytes, "budget − weights − the terms above"
+        elif term == "weights" and weights is not None:
+            predicted, by = weights
         if term == "KV for one request" and need is not None:
             predicted, by = need.bytes, f"vLLM's max_memory_usage_bytes for {need.max_model_len:,} tokens"
         if term in ("failing allocation", "free when it ran out", "outside this process"):
