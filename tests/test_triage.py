@@ -550,3 +550,12 @@ def test_an_answer_without_a_plan_still_shows_the_reports_own_ledger():
     assert rows["outside this process"]["reported"] > 40 * GiB and rows["free when it ran out"]["reported"] > 0
     assert "from the model's name" in rows["weights"]["predicted_by"] and rows["weights"]["reported"] is None
     assert t.cause == "weights" and t.inequality.startswith("weights 134.11 GiB (predicted) > device memory")
+
+
+def test_an_error_that_is_no_memory_error_gets_no_devices_advice():
+    """vllm#1518: an AWQ kernel's illegal memory access (fixed by a vLLM upgrade): the answer points at the error,
+    not at compute capabilities or dtypes, which only a device's own failure calls for."""
+    t = _triage("held-out-1/vllm-1518.txt")
+    assert (t.verdict, t.cause) == ("plan-not-involved", "not-out-of-memory")
+    assert t.actions[0].startswith("Fix the error the traceback ends in (line 1: `codellama-13b-awq RuntimeError: CUDA")
+    assert "compute capability" not in " ".join(t.actions)

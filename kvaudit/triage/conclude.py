@@ -746,7 +746,10 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
     else:
         return None
     shown = {k: v for k, v in values.items() if v.value is not None}
-    action = ACTIONS.get(kind, "Fix the error the traceback ends in; the KV cache plan and its allocation play no part.")
+    plain = (f"Fix the error the traceback ends in ({_where(f, 100)}); the KV cache plan and its allocation play no "
+             "part.")
+    action = ACTIONS.get(kind, plain) if found or kind != "not-out-of-memory" else plain  # (a device's advice only
+    # where a device's failure was read)
     return Triage(PLAN_NOT_INVOLVED, None, f"Not a device out-of-memory failure, so vLLM's KV-cache plan and its "
                   f"allocator are not involved: {cause_text}.", tuple(evidence), shown, actions=(action,),
                   cause=kind, phase=phase_of(ev))
