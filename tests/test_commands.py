@@ -341,3 +341,16 @@ def test_without_vllm_settings_in_sentences_are_read_by_kvaudits_own_reader(monk
     monkeypatch.setattr(commands, "_NAMES", [])
     assert commands.stated_settings("set `--gpu-memory-utilization=0.95`, TP=8 and max_model_len: 32k").facts == (
         ("gpu_memory_utilization", 0.95), ("tp", 8), ("max_model_len", 32000))
+
+
+def test_a_devices_size_stated_with_its_noun_is_read_and_an_amount_of_memory_is_not():
+    """"24Gb的卡", "4x16GB GPU cards", "per 24 GB GPU" state a device's size; "14GB NPU memory" and "22-23 GiB VRAM"
+    are amounts in use (the real lines of each thread)."""
+    def sizes(path: str, n: int) -> list:
+        return _facts(_line(path, n)).get("device_nominal_gb", [])
+
+    assert sizes("develop/QwenLM-Qwen3-VL-482.txt", 3) == [24]
+    assert sizes("held-out-1/vllm-586.txt", 2) == [16]
+    assert sizes("held-out-5/vllm-42049.txt", 6) == [24, 24]  # the RTX 4090's and the sentence's; not the 23 in use
+    assert sizes("threads/vllm-ascend-89.txt", 5) == []  # "the weights ... only occupy 14GB NPU memory"
+    assert _facts("running it on a 32GB vNPU")["device_nominal_gb"] == [32]  # (issue 32's own example)

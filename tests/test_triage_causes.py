@@ -226,3 +226,12 @@ def test_launches_read_without_vllms_parser_are_named(monkeypatch):
     t = _cause("vllm serve /models/own-reader --gpu-memory-utilization 0.4\n" + OOM.format(held="78.00"))
     assert t.not_parsed == ("line 1: `vllm serve /models/own-reader --gpu-memory-utilization 0.4`",)
     assert t.deployment["gpu_memory_utilization"].value == 0.4
+
+
+def test_a_stated_ascend_card_size_is_never_replaced_by_the_assumed_card():
+    """"on a 32GB vNPU" (issue 32's example): the 32 GB Atlas A2 card's torch figure, not the 64 GB card kvaudit assumes
+    where the report states none."""
+    t = triage("vllm-ascend on a 32GB vNPU runs out of memory\n"
+               "INFO 12-05 10:00:00 [__init__.py:36] Platform plugin ascend is activated")
+    assert t.deployment["device memory"].value == 31_662_800_896
+    assert t.deployment["device memory"].source.startswith("line 1: vllm-ascend on a 32GB vNPU runs out of memory → atlas-a2-32g")

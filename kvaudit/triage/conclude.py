@@ -243,7 +243,11 @@ def _device_memory(ev: Evidence, platform: str | None) -> Sourced | None:
         dev = DEVICES[named.value]
         return Sourced(dev.memory_bytes, f"{named.source} → {dev.name} ({dev.source})")
     nominal = ev.first("device_nominal_gb")
-    if nominal is not None and platform != "ascend":
+    if nominal is not None:  # the size the report states, never an assumed one: an Ascend card of it, or the size
+        for dev in DEVICES.values():
+            if platform == "ascend" == dev.platform and 0.9 * (nominal.value << 30) < dev.memory_bytes <= (
+                    nominal.value << 30):
+                return Sourced(dev.memory_bytes, f"{nominal.source} → {dev.name} ({dev.source})")
         return _from(nominal, nominal.value << 30, f" ({nominal.value} GB as sold; torch reports slightly less)")
     if platform == "ascend":
         d = DEVICES["atlas-a2-64g"]

@@ -296,8 +296,9 @@ _SIMPLE = [
                                   re.IGNORECASE), lambda m: "ascend"),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
                                   r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda"),
-    ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.])"
-                                     r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|VRAM)", re.IGNORECASE),
+    ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
+                                     r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|卡|VRAM(?![A-Za-z])|"
+                                     r"(?:v?NPU|GPU|card)s?(?![A-Za-z])(?!\s*(?:memory|mem|usage|显存)))", re.IGNORECASE),
      lambda m: int(m["v"] or m["w"])),
     ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
      lambda m: int(m["v"])),
@@ -431,7 +432,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ('captur',),
     ('npu', 'ascend', '昇腾', '910'),
     ('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),
-    ('显存', '显卡', 'vram'),
+    ('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),
     ('卡', 'cards', 'gpus', 'npus'),
     ('*', '×'),
 )
