@@ -359,6 +359,9 @@ def _tp(ev: Evidence, preset: str | None) -> Sourced:
         return _from(fails, note=" (the TP the report says fails)")
     if count is not None:
         return _from(count, note=" (assumed: one rank per device the report names)")
+    launch = next((f for f in ev.all("launch_parser") if f.value), None)
+    if launch is not None:  # a launch that sets no TP runs at vLLM's default, whatever a preset's tutorial uses
+        return _assumed(1, f"vLLM's default: the launch on line {launch.line} sets no --tensor-parallel-size")
     if preset:
         return _assumed(PRESETS[preset].tp, f"the {preset} preset's (as its tutorial deploys it)")
     return _assumed(1, "no TP in the report")
@@ -421,7 +424,8 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     if dev is not None:
         values["device memory"] = dev
     for key, name in (("dtype", "dtype"), ("kv_cache_dtype", "kv-cache dtype"), ("weights", "weights"),
-                      ("available_kv", "KV budget"), ("enforce_eager", "enforce eager")):
+                      ("available_kv", "KV budget"), ("enforce_eager", "enforce eager"), ("quantization", "quantization"),
+                      ("weight_bits", "weight bits")):
         if f := ev.first(key):
             values[name] = _from(f)
     conn = ev.first("kv_connector")
@@ -581,7 +585,7 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
         ("line ", "title")) else {}
     u = values["gpu_memory_utilization"].value
     if predicted is None:  # no deployment of kvaudit's (or a stand-in's, whose bytes are not the model's)
-        named = _weights(values) if "weights" not in values and not inputs.family_of else None
+        named = _weights(values) if "weights" not in values else None  # (the model's own name, not a stand-in's)
         return ledger.build(ev, stated=stated, utilization=u, weights=named)
     budget = ledger.build(ev).row("KV budget").reported
     rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
@@ -1340,11 +1344,15 @@ def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
     if m is None:
         return None
     params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)
-    width = 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", name) else 1 if re.search(
-        r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", name) else 2
+    said = name + " " + str(values["quantization"].value).lower() if "quantization" in values else name
+    width = (values["weight bits"].value / 8 if "weight bits" in values  # the scheme the report states ("w4a8")
+             else 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", said)
+             else 1 if re.search(r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", said) else 2)
     tp = values["tensor parallel size"].value if "tensor parallel size" in values else 1
-    per_rank = int(params * width / tp)
-    return per_rank, (f"{m.group(0).upper()} parameters × {width:g} bytes / TP {tp} = {fmt_bytes(per_rank)} per device, "
+    pp = values["pipeline parallel size"].value if "pipeline parallel size" in values else 1
+    per_rank = int(params * width / (tp * pp))
+    spread = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "")
+    return per_rank, (f"{m.group(0).upper()} parameters × {width:g} bytes / {spread} = {fmt_bytes(per_rank)} per device, "
                       f"from the model's name")
 
 

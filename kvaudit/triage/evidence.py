@@ -900,6 +900,8 @@ _MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[
                         r"[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*)"
                         r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
+_WEIGHT_BITS = re.compile(r"(?<![A-Za-z0-9])[wW](?P<v>4|8)[aA](?:4|8|16)(?![0-9])")
+"""The weights' bits in the quantization schemes written wXaY ("w4a8", "W8A8"): vllm-ascend's and compressed-tensors'."""
 _HOST_NAMED = re.compile(r"\b(?:RAM|RSS|host|CPU memory|system memory)\b|(?<!显)内存|主机", re.IGNORECASE)
 """A sentence about the host's memory, not the device's ("内存" without "显": RAM)."""
 _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...] = (
@@ -917,6 +919,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
         "request", "input", "prompt", "concurren", "stress test", "load test", "benchmark", "long ", "serving",
         "inference", "压测", "并发", "请求", "推理", "长文本"))),
     ("capture_oom", _CAPTURE_OOM, (("captur",), ("memory", "oom", "显存"))),
+    ("weight_bits", _WEIGHT_BITS, (("w4a", "w8a"),)),
 )
 """The facts of the reporter's sentences, each pattern with the words its lines must hold first (lower-cased): groups
 of alternatives, every group met, as ``_RULES``'s."""
@@ -940,7 +943,7 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> Non
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
                 continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.triage.failures says so
             if m := rx.search(lines[n - 1]):
-                found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose") else float(m["v"])
+                found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose", "weight_bits") else float(m["v"])
                               if key == "util_prose" else m.group(0) if key == "model_mention" else True))
     for n, key, value in sorted(found, key=lambda f: f[0]):
         ev.add(key, value, n, lines[n - 1])
