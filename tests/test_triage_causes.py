@@ -237,16 +237,9 @@ def test_a_stated_ascend_card_size_is_never_replaced_by_the_assumed_card():
     assert t.deployment["device memory"].source.startswith("line 1: vllm-ascend on a 32GB vNPU runs out of memory → atlas-a2-32g")
 
 
-def test_what_a_launch_leaves_unset_is_vllms_default_and_what_it_states_counts():
-    """vllm#2312: `--quantization awq` on the launch and no TP flag: a 4-bit Mixtral 8x7B at vLLM's default TP 1 takes
-    more than the 24 GB card (the thread's own arithmetic), not a preset tutorial's TP 2 of 16-bit weights."""
-    t = _cause((ROOT / "fixtures/reports/held-out-1/vllm-2312.txt").read_text())
-    assert t.deployment["tensor parallel size"].value == 1
-    assert t.deployment["tensor parallel size"].source == ("assumed: vLLM's default: the launch on line 14 sets no "
-                                                           "--tensor-parallel-size")
-    assert t.deployment["quantization"].value == "awq" and t.cause == "weights"
-    assert "8X7B parameters × 0.5 bytes / TP 1" in t.headline
+def test_a_quantization_scheme_stated_in_prose_weighs_the_weights_the_models_name_implies():
+    """"TP=8, PP=2" and "w4a8" in prose (issue 32's examples): the 4-bit weights of a 235B model spread over 16 ranks."""
     t = _cause("deployment of Qwen3-235B-A22B, TP=8, PP=2, w4a8 quantization: out of memory")
-    assert t.deployment["weight bits"].value == 4
+    assert t.deployment["weight bits"].value == 4 and t.deployment["pipeline parallel size"].value == 2
     assert "235B parameters × 0.5 bytes / TP 8 × PP 2 = 6.84 GiB per device" in " ".join(
         r["predicted_by"] or "" for r in t.to_dict()["ledger"])

@@ -359,9 +359,6 @@ def _tp(ev: Evidence, preset: str | None) -> Sourced:
         return _from(fails, note=" (the TP the report says fails)")
     if count is not None:
         return _from(count, note=" (assumed: one rank per device the report names)")
-    launch = next((f for f in ev.all("launch_parser") if f.value), None)
-    if launch is not None:  # a launch that sets no TP runs at vLLM's default, whatever a preset's tutorial uses
-        return _assumed(1, f"vLLM's default: the launch on line {launch.line} sets no --tensor-parallel-size")
     if preset:
         return _assumed(PRESETS[preset].tp, f"the {preset} preset's (as its tutorial deploys it)")
     return _assumed(1, "no TP in the report")
@@ -1344,10 +1341,9 @@ def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
     if m is None:
         return None
     params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)
-    said = name + " " + str(values["quantization"].value).lower() if "quantization" in values else name
     width = (values["weight bits"].value / 8 if "weight bits" in values  # the scheme the report states ("w4a8")
-             else 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", said)
-             else 1 if re.search(r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", said) else 2)
+             else 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", name)
+             else 1 if re.search(r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", name) else 2)
     tp = values["tensor parallel size"].value if "tensor parallel size" in values else 1
     pp = values["pipeline parallel size"].value if "pipeline parallel size" in values else 1
     per_rank = int(params * width / (tp * pp))
