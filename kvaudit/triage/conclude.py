@@ -577,9 +577,7 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
     from kvaudit.plan.planner import request_need
     from kvaudit.triage import ledger
 
-    device = values.get("device memory")
-    stated = {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
-        ("line ", "title")) else {}
+    stated = _stated_device(values)
     u = values["gpu_memory_utilization"].value
     if predicted is None:  # no deployment of kvaudit's (or a stand-in's, whose bytes are not the model's)
         named = _weights(values) if "weights" not in values else None  # (the model's own name, not a stand-in's)
@@ -607,10 +605,14 @@ def _ledger_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: st
     """The inequality the report's own figures break (no prediction: where kvaudit does not plan)."""
     from kvaudit.triage import ledger
 
+    return ledger.build(ev, stated=_stated_device(values), utilization=u).breach(phase)
+
+
+def _stated_device(values: dict[str, Sourced]) -> dict[str, tuple[int, str]]:
+    """The device's memory where the report states it (a line, the title), as the ledger's reported figure."""
     device = values.get("device memory")
-    stated = {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
+    return {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
         ("line ", "title")) else {}
-    return ledger.build(ev, stated=stated, utilization=u).breach(phase)
 
 
 def _reported(led: Any, breach: Any) -> bool:
