@@ -24,7 +24,8 @@ from typing import Any
 from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
 from kvaudit.triage.changes import CHANGES
-from kvaudit.triage.commands import Launch, command_words, config_blocks, expand, read_call, read_config, read_words, split, stated_settings
+from kvaudit.triage.commands import (Launch, command_words, config_blocks, expand, read_call, read_config, read_words,
+                                     split, stated_settings)
 from kvaudit.triage.failures import failures
 from kvaudit.triage.lines import Where, Words, lines_holding
 from kvaudit.triage.loglines import anchors, needles, read_line
@@ -687,10 +688,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
     launched = {f.line for f in ev.all("launch_parser")}
-    for n, key, value in stated:
-        if n in launched:
-            continue  # (a line a launch was read from)  # settings stated in sentences, after any launch's (which say what ran)
-        ev.add(key, value, n, lines[n - 1])
+    for n, key, value in stated:  # settings stated in sentences, after any launch's (which say what ran)
+        if n not in launched:  # (a line a launch was read from says it as the launch)
+            ev.add(key, value, n, lines[n - 1])
     _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
