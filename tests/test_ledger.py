@@ -139,3 +139,30 @@ def test_memory_a_component_outside_vllms_budget_allocated_is_that_components():
     by_vllm = ("Traceback (most recent call last):\n" + frame.format("lmcache/integration/vllm/adapter.py")
                + frame.format("vllm/v1/worker/gpu_model_runner.py") + frame.format("torch/nn/modules/module.py") + oom)
     assert extract(by_vllm.splitlines()).value("oom_package") is None  # vLLM allocated, whoever called it
+
+
+def test_memory_outside_the_process_breaks_only_beyond_the_headroom_and_a_gib_of_slack():
+    """The headroom the utilization leaves, (1 - u) x device memory, plus 1 GiB for what vLLM does not budget
+    exactly (CUDA context, fragmentation): QwenLM/Qwen3#187's 48.95 GiB held outside, at utilizations that leave just
+    less and just more room than that."""
+    facts = _facts("fixtures/reports/develop/QwenLM-Qwen3-187.txt")
+    oom = facts.first("oom").value
+    outside = oom.total - oom.this_process - oom.free
+
+    def breach_at(headroom: int):
+        u = 1 - headroom / oom.total
+        return ledger.build(facts, _deployment(device_memory_bytes=oom.total, weights_bytes=GiB,
+                                               gpu_memory_utilization=u)).breach()
+
+    assert breach_at(outside - GiB - GiB // 8).cause == "another-process"
+    assert breach_at(outside - GiB + GiB // 8) is None
+
+
+def test_a_budget_that_holds_exactly_one_request_is_enough_as_vllms_check_says():
+    """vLLM refuses where the KV one request needs is larger than the budget (``needed_memory > available_memory``),
+    not where it is equal."""
+    d = _deployment()
+    exact = SimpleNamespace(bytes=d.kv_budget_bytes, max_model_len=8192, fits_max_model_len=8192)
+    assert ledger.build(extract([""]), d, exact).breach() is None
+    over = SimpleNamespace(bytes=d.kv_budget_bytes + 1, max_model_len=8192, fits_max_model_len=8191)
+    assert ledger.build(extract([""]), d, over).breach().cause == "budget-too-small-for-max-model-len"
