@@ -243,3 +243,16 @@ def test_a_quantization_scheme_stated_in_prose_weighs_the_weights_the_models_nam
     assert t.deployment["weight bits"].value == 4 and t.deployment["pipeline parallel size"].value == 2
     assert "235B parameters × 0.5 bytes / TP 8 × PP 2 = 6.84 GiB per device" in " ".join(
         r["predicted_by"] or "" for r in t.to_dict()["ledger"])
+
+
+def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_would_mean():
+    """A report that says the device ran out without torch's own line: the line (and the smi table) decide the ledger's
+    last terms, so they are asked for first, each with what its answer would mean; a report whose line tells what is
+    held outside the process is asked neither."""
+    from kvaudit.triage.conclude import DECIDING_OOM, DECIDING_SMI
+
+    t = triage("vllm serve /models/some-model --tensor-parallel-size 2\nit crashes with CUDA OOM after a while")
+    assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM, DECIDING_SMI)
+    assert "another process is the cause" in DECIDING_OOM and "a KV connector, a trainer" in DECIDING_OOM
+    t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + OOM.format(held="60.00"))
+    assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for

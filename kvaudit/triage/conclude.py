@@ -537,7 +537,7 @@ def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tole
     if vllm_version() is None:  # the reading stands; only what needs vLLM's planner is left out
         why = "vLLM is not installed where kvaudit ran (pip install vllm, or run kvaudit in the serving environment)"
         t = _without_plan(ev, values, inputs, evidence, missing, f"The report was read; {why}, so the deployment "
-                          "was not planned and its allocator not audited.")
+                          "was not planned and its allocator not audited.", planner_missing=True)
         return dataclasses.replace(t, not_audited=why, **stated)
     with _as_it_ran(inputs.ran):
         predicted = _predicted(values, inputs)
@@ -764,7 +764,7 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
 
 def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
                   missing: list[str], unplanned: str = "Not enough information to reconstruct the deployment and "
-                                                         "audit its allocator.") -> Triage:
+                                                         "audit its allocator.", planner_missing: bool = False) -> Triage:
     """A report kvaudit cannot plan (no model it knows) still has a verdict when it shows the allocator
     was not involved: vLLM refused before allocating, the device ran out before the KV cache existed,
     the out-of-memory line shows the memory held outside this process, or the allocator is upstream
@@ -793,13 +793,14 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
                "tensor of the plan once (kvaudit measures 1.00× for every family it ships and can audit); this model's "
                "config would let kvaudit plan it")
     else:
-        return _insufficient(ev, values, missing, evidence, unplanned)
+        return _insufficient(ev, values, missing, evidence, unplanned, deciding=not planner_missing)
     u = values["gpu_memory_utilization"].value
     T = values["device memory"].value if "device memory" in values else None
     cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, u)
     headline = f"The allocation is not the cause: {why}; {text}"
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
-                  ask_for=tuple(missing), recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
+                  ask_for=tuple(dict.fromkeys((_deciding(ev) if cause == "unknown" else []) + list(missing))),
+                  recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
                   cause=cause, phase=phase_of(ev))
 
 
@@ -840,8 +841,10 @@ def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> 
 
 
 def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], evidence: list[str], headline: str,
-                  ask: list[str] | None = None, **more: Any) -> Triage:
-    ask_for = list(missing) + list(ask or [])
+                  ask: list[str] | None = None, deciding: bool = True, **more: Any) -> Triage:
+    """The answer that cannot conclude: what decides first (the caller's question, else the ledger's missing terms,
+    ``_deciding``; none where what is missing is vLLM's planner here), then what the deployment lacks."""
+    ask_for = (list(ask) if ask else _deciding(ev) if deciding else []) + list(missing)
     if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:
         ask_for.append("the whole traceback of the out-of-memory error (which function allocated)")
     if "vLLM" not in values and "vllm-ascend" not in values:
@@ -849,6 +852,33 @@ def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], 
     shown = {k: v for k, v in values.items() if v.value is not None}
     return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)),
                   phase=phase_of(ev), **more)
+
+
+DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocate X. GPU 0 has a total capacity of T of "
+                "which F is free. Process N has P memory in use ...\"), with its traceback: it decides the ledger's last "
+                "terms. Other processes holding more than the utilization leaves free: another process is the cause; "
+                "the allocation in another package's frames (a KV connector, a trainer): that component; vLLM's own "
+                "allocation at a utilization near 1: the utilization")
+DECIDING_SMI = ("`nvidia-smi` (or `npu-smi info`) while the engine runs or right after it fails: a process other than "
+                "vLLM's holding device memory is memory outside vLLM's budget; none, and the figures above decide")
+"""What decides a runtime out-of-memory failure where the report lacks it, and what each answer would mean: the
+ledger's terms of the failing allocation, the free memory and the memory outside the process."""
+
+
+def _deciding(ev: Evidence) -> list[str]:
+    """The facts that decide the ledger's verdict and the report lacks, first in what to ask: the out-of-memory
+    message where it says the device ran out without torch's own line, the smi table where neither that line nor a
+    table tells what is held outside this process."""
+    if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
+        return []  # vLLM's refusal decides: nothing ran out at run time
+    oom = ev.value("oom")
+    if oom is None:
+        said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
+        smi = ev.first("device_process_mb", "hbm_used_mb") is not None
+        return ([DECIDING_OOM] + ([] if smi else [DECIDING_SMI])) if said else []
+    if None in (oom.total, oom.free, oom.held_here) and not ev.first("device_process_mb", "hbm_used_mb"):
+        return [DECIDING_SMI]  # (the line alone cannot tell what is held outside this process)
+    return []
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:
@@ -999,7 +1029,9 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         cause = None
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
-                  header, tuple(actions), tuple(missing), rec_u, rec_kv, fixed_in,
+                  header, tuple(actions),
+                  tuple(dict.fromkeys((_deciding(ev) if cause == "unknown" else []) + list(missing))), rec_u, rec_kv,
+                  fixed_in,
                   cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited))
 
 
