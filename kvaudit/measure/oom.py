@@ -78,6 +78,14 @@ class OomMessage:
             return min(mine)
         return reserved
 
+    @property
+    def held_outside(self) -> int | None:
+        """Device memory held by neither this process nor free when it ran out: total − ``held_here`` − free
+        (``None`` where the message lacks one of them)."""
+        if None in (self.total, self.held_here, self.free):
+            return None
+        return self.total - self.held_here - self.free  # type: ignore[operator]
+
 
 def _size(number: str, unit: str) -> int:
     return int(round(float(number) * _UNITS[unit]))

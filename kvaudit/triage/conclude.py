@@ -582,7 +582,8 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
     if predicted is None:  # no deployment of kvaudit's (or a stand-in's, whose bytes are not the model's)
         named = _weights(values) if "weights" not in values else None  # (the model's own name, not a stand-in's)
         return ledger.build(ev, stated=stated, utilization=u, weights=named)
-    budget = ledger.build(ev).row("KV budget").reported
+    stated_budget = ledger.reported(ev, "KV budget")
+    budget = stated_budget.value if stated_budget is not None else None
     rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
     try:
         need = request_need(predicted, rule, budget=budget)
@@ -773,7 +774,7 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
 
     oom = ev.value("oom")
     phase = phase_of(ev) if ev.first("oom", "oom_mentioned") else None
-    outside = _held_outside(oom)
+    outside = oom.held_outside if oom is not None else None
     if ev.first("kv_capacity_error") is not None:
         why = "vLLM refused to start before allocating any KV cache, so no allocator was involved"
     elif phase in ("weight loading", "memory profiling", "kv-cache planning"):
@@ -820,13 +821,6 @@ def phase_of(ev: Evidence) -> str | None:
     if ev.first("kv_capacity_error") is not None:  # vLLM's own refusal is raised where it plans the KV cache
         return "kv-cache planning"
     return None
-
-
-def _held_outside(oom: Any) -> int | None:
-    """Device memory an out-of-memory message shows outside this process: total − what this process holds − free."""
-    if oom is None or None in (oom.total, oom.held_here, oom.free):
-        return None
-    return oom.total - oom.held_here - oom.free
 
 
 def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> None:
@@ -876,7 +870,7 @@ def _deciding(ev: Evidence) -> list[str]:
         said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
         smi = ev.first("device_process_mb", "hbm_used_mb") is not None
         return ([DECIDING_OOM] + ([] if smi else [DECIDING_SMI])) if said else []
-    if None in (oom.total, oom.free, oom.held_here) and not ev.first("device_process_mb", "hbm_used_mb"):
+    if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
         return [DECIDING_SMI]  # (the line alone cannot tell what is held outside this process)
     return []
 
@@ -1148,7 +1142,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     oom = ev.value("oom")
     phase = phase_of(ev)
     weights = _weights(values)
-    outside = _held_outside(oom)
+    outside = oom.held_outside if oom is not None else None
     budget = values.get("KV budget")
     A = budget.value if budget is not None else None
     actions: list[str] = []

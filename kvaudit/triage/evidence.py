@@ -976,9 +976,9 @@ def _log_facts(lines: list[str], n: int, line: str, starts: set[int]) -> list[tu
     if n not in starts:  # a log record a terminal wrapped: its message goes on over the lines that start no record
         if n >= len(lines) or _NEW_RECORD.match(lines[n]):
             return []
-        text, taken = _wrapped(lines, n), _continuation(lines, n)
+        taken = _continuation(lines, n)
         alone = {f for k in range(n, n + taken) for f in read_line(lines[k])}
-        return [f for f in read_line(text) if f not in alone]
+        return [f for f in read_line(_wrapped(lines, n, taken)) if f not in alone]
     joined, alone = line.rstrip(), set()
     for k in range(n, min(n + 3, len(lines))):
         more = _CONTINUED.sub("", lines[k], count=1).strip()
@@ -1006,10 +1006,11 @@ def _continuation(lines: list[str], n: int, most: int = 8) -> int:
     return taken
 
 
-def _wrapped(lines: list[str], n: int) -> str:
-    """Line ``n`` with the lines a paste wrapped its message onto. torch's out-of-memory message is one line, which
-    terminals wrap."""
-    return " ".join([lines[n - 1]] + [x.strip() for x in lines[n:n + _continuation(lines, n)]])
+def _wrapped(lines: list[str], n: int, taken: int | None = None) -> str:
+    """Line ``n`` with the lines a paste wrapped its message onto (``taken`` of them, where already counted). torch's
+    out-of-memory message is one line, which terminals wrap."""
+    taken = _continuation(lines, n) if taken is None else taken
+    return " ".join([lines[n - 1]] + [x.strip() for x in lines[n:n + taken]])
 
 
 def _shell_value(text: str) -> str:

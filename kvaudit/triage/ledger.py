@@ -185,6 +185,11 @@ class Ledger:
         return f"{fmt_bytes(r.value)} ({where})" if r.value is not None else "unknown"
 
 
+def reported(facts: Any, term: str) -> Any:
+    """The fact that states ``term`` in a report (``REPORTED``, in order of trust), or ``None``."""
+    return next((x for key in REPORTED.get(term, ()) for x in facts.all(key) if isinstance(x.value, int)), None)
+
+
 def build(facts: Any, d: Any = None, need: Any = None,
           stated: dict[str, tuple[int, str]] | None = None, utilization: float | None = None,
           weights: tuple[int, str] | None = None) -> Ledger:
@@ -198,10 +203,10 @@ def build(facts: Any, d: Any = None, need: Any = None,
     rows = []
     terms = {t.key: t for t in (d.overhead_terms if d is not None else ())}
     for term in TERMS:
-        f = next((x for key in REPORTED.get(term, ()) for x in facts.all(key) if isinstance(x.value, int)), None)
-        reported, at = (f.value, f.source) if f is not None else (None, "")
-        if reported is None and stated and term in stated:
-            reported, at = stated[term]
+        f = reported(facts, term)
+        said, at = (f.value, f.source) if f is not None else (None, "")
+        if said is None and stated and term in stated:
+            said, at = stated[term]
         predicted, by = None, ""
         if d is not None:
             if term == "device memory" and d.device != "custom":  # (a custom size is the report's, not a prediction)
@@ -223,14 +228,13 @@ def build(facts: Any, d: Any = None, need: Any = None,
         if term in ("failing allocation", "free when it ran out", "outside this process"):
             oom = facts.first("oom")
             if oom is not None and term == "failing allocation" and oom.value.tried is not None:
-                reported, at = oom.value.tried, oom.source
+                said, at = oom.value.tried, oom.source
             elif oom is not None and term == "free when it ran out" and oom.value.free is not None:
-                reported, at = oom.value.free, oom.source
-            elif oom is not None and term == "outside this process" and None not in (
-                    oom.value.total, oom.value.held_here, oom.value.free):
-                reported, at = oom.value.total - oom.value.held_here - oom.value.free, oom.source
-        if reported is not None or predicted is not None:
-            rows.append(Row(term, reported, at, predicted, by))
+                said, at = oom.value.free, oom.source
+            elif oom is not None and term == "outside this process" and oom.value.held_outside is not None:
+                said, at = oom.value.held_outside, oom.source
+        if said is not None or predicted is not None:
+            rows.append(Row(term, said, at, predicted, by))
     est = facts.first("estimated_max_model_len")
     mml = facts.first("max_model_len")
     return Ledger(tuple(rows), d.gpu_memory_utilization if d is not None else utilization,
