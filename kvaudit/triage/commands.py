@@ -377,7 +377,7 @@ def _stated_names() -> dict[str, tuple[str, bool]]:
         for dest in FACTS:
             if dest not in ("model", "model_tag"):
                 flag = "--" + dest.replace("_", "-")
-                takes = dest not in ("enforce_eager", "enable_expert_parallel")
+                takes = flag[2:] not in _VALUELESS
                 for name in (flag, dest, flag.lstrip("-")):
                     names[name] = (flag, takes)
         for alias in _ALIASES:
@@ -390,8 +390,8 @@ def stated_settings(text: str) -> Launch:
     """Engine arguments a report states outside a launch: a flag in a sentence or in backticks
     (```--gpu-memory-utilization=0.95```, "我使用了--max-model-len 8192 参数"), an argument's name with a value
     (``gpu_memory_utilization=0.9``, ``tensor_parallel_size: 8``), the parser's short aliases written as words
-    (``TP=8, PP=2``). Each is checked against the names vLLM's parser takes, then the flags found are read by that
-    parser together."""
+    (``TP=8, PP=2``). Each is checked against the names vLLM's parser takes, then read by that parser on its own (a
+    sentence may state a value and another beside it: "4096 ... the docs say 25480")."""
     facts: list[tuple[str, Any]] = []
     unread: list[str] = []
     if _LOGGED.search(text):
