@@ -584,12 +584,17 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
         return ledger.build(ev, stated=stated, utilization=u, weights=named)
     stated_budget = ledger.reported(ev, "KV budget")
     budget = stated_budget.value if stated_budget is not None else None
-    rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
+    rule = _planning_rule(inputs)
     try:
         need = request_need(predicted, rule, budget=budget)
     except (ConfigError, NotAuditable):
         need = None
     return ledger.build(ev, predicted, need, stated=stated, utilization=u)
+
+
+def _planning_rule(inputs: _Inputs) -> str:
+    """The block-size rule the report's first candidate release plans under (what one request needs depends on it)."""
+    return _candidates(inputs.platform, inputs.release)[0].strategy.platform
 
 
 def _agrees(ev: Evidence, breach: Any) -> bool:
@@ -645,7 +650,7 @@ def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
     from kvaudit.errors import NotAuditable
     from kvaudit.plan.planner import make_deployment, request_need
 
-    rule = _candidates(inputs.platform, inputs.release)[0].strategy.platform
+    rule = _planning_rule(inputs)
     T, K, R = led.value("device memory"), led.value("KV budget"), led.value("KV for one request")
     actions: list[str] = []
     rec_u = None
