@@ -687,10 +687,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
-    launched = {f.line for f in ev.all("launch_parser")}
     for n, key, value in stated:  # settings stated in sentences, after any launch's (which say what ran)
-        if n not in launched:  # (a line a launch was read from says it as the launch)
-            ev.add(key, value, n, lines[n - 1])
+        ev.add(key, value, n, lines[n - 1])
     _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
