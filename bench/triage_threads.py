@@ -5,8 +5,12 @@ imported, for the reports vLLM's planner planned and for the rest (median and ma
 
     .venv/bin/python bench/triage_threads.py develop [held-out-1 held-out-2 threads] [--show]
 
-A report scores when the verdict is the thread's and, where the thread names a cause, the cause is too. Threads that
-reached no diagnosis (``verdict: null``) are not scored. Also counted, on every report: a traceback, an exit 2 (a real
+A report scores when the verdict is the thread's and, where the thread names a cause, the cause is too (causes of one
+kind count as one: memory outside vLLM's budget is the same finding whether the report shows another process or a
+component in this one, ``SAME``). Where the thread's diagnosis rests on a fact the report lacks (``deciding_term``, the
+ledger terms it is about, written from the thread before any run), it also scores when triage does not conclude a
+cause and names one of those terms in ``deciding`` (the decision recorded in issue 32). Threads that reached no
+diagnosis (``verdict: null``) are not scored. Confident-wrong: a cause concluded that is not the thread's. Also counted, on every report: a traceback, an exit 2 (a real
 report refused), blaming the allocator where the thread does not, and asking for a fact the report states.
 """
 
@@ -25,12 +29,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "fixtures" / "reports"
 ALLOCATOR = ("allocator-over-allocation", "allocator-mismatch")
+SAME = {"outside-budget": "another-process"}
+"""Causes of one kind (the issue's "memory outside vLLM's budget, naming the component"), scored as one."""
 ASKED = {  # a question in ask_for, and the fact of expected.json that answers it
     "model": ("which model",),
     "vLLM": ("which vllm", "vllm version", "the vllm release"),
     "vllm-ascend": ("which vllm-ascend", "vllm-ascend version", "the vllm-ascend release"),
     "tensor parallel size": ("tensor parallel", "--tensor-parallel-size"),
 }
+
+
+def scored(want: dict, verdict: str | None, cause: str | None, deciding=()) -> tuple[bool, str]:
+    """Whether an answer (verdict, cause, the deciding terms named) is the thread's diagnosis ``want``, and how it
+    is not: "" where it is the diagnosis itself, "named the deciding term", "confident-wrong", or "not concluded"."""
+    undecided = verdict == "insufficient-information" or cause in (None, "unknown")
+    if verdict == want["verdict"] and (want.get("cause") is None
+                                       or SAME.get(cause, cause) == SAME.get(want["cause"], want["cause"])):
+        return True, ""
+    if undecided and set(want.get("deciding_term") or ()) & set(deciding):
+        return True, "named the deciding term"
+    return False, "not concluded" if undecided else "confident-wrong"
 
 
 def run(path: Path) -> tuple[int | None, dict | None, str]:
@@ -54,7 +72,7 @@ def score(folder: str, show: bool = False) -> dict:
     base = REPORTS / folder
     expected = {k: v for k, v in json.loads((base / "expected.json").read_text()).items() if not k.startswith("_")}
     totals = dict(reports=0, scored=0, right=0, verdict_right=0, tracebacks=0, exit2=0, allocator_contradicted=0,
-                  asked_stated=0)
+                  asked_stated=0, confident_wrong=0, deciding=0, deciding_named=0)
     times: dict[bool, list[float]] = {True: [], False: []}
     for name in sorted(expected):
         want = expected[name]
@@ -80,11 +98,18 @@ def score(folder: str, show: bool = False) -> dict:
                 totals["asked_stated"] += 1
                 notes.append(f"asked for the {fact}")
         ok = None
+        named = bool(set(want.get("deciding_term") or ()) & set((doc or {}).get("deciding", ())))
+        if want.get("deciding_term"):
+            totals["deciding"] += 1
+            totals["deciding_named"] += named
         if want["verdict"] is not None:
             totals["scored"] += 1
-            ok = got_v == want["verdict"] and (want.get("cause") is None or got_c == want["cause"])  # (no cause named)
+            ok, how = scored(want, got_v, got_c, (doc or {}).get("deciding", ()))
+            if how:
+                notes.append(how)
             totals["right"] += ok
             totals["verdict_right"] += got_v == want["verdict"]
+            totals["confident_wrong"] += how == "confident-wrong"
         mark = "-" if ok is None else "ok" if ok else "XX"
         print(f"{mark:2} {name:34} want {want['verdict']}/{want.get('cause', '')}  got {got_v}/{got_c}  "
               f"{took:5.1f}s {'; '.join(notes)}")
@@ -96,7 +121,8 @@ def score(folder: str, show: bool = False) -> dict:
           f"{totals['verdict_right']} verdicts right ({vpct:.0f} %); "
           f"{totals['reports']} reports, {totals['tracebacks']} tracebacks, {totals['exit2']} exit 2, "
           f"{totals['allocator_contradicted']} allocator blamed against the thread, "
-          f"{totals['asked_stated']} questions about a stated fact")
+          f"{totals['asked_stated']} questions about a stated fact; {totals['confident_wrong']} confident-wrong; "
+          f"deciding fact absent on {totals['deciding']}, named on {totals['deciding_named']}")
     print(f"{folder}: seconds per report, vLLM imported: " + "; ".join(
         f"{len(ts)} {what}: median {statistics.median(ts):.2f}, max {max(ts):.2f}"
         for what, ts in (("planned", times[True]), ("not planned", times[False])) if ts))

@@ -141,6 +141,27 @@ def test_memory_a_component_outside_vllms_budget_allocated_is_that_components():
     assert extract(by_vllm.splitlines()).value("oom_package") is None  # vLLM allocated, whoever called it
 
 
+def test_the_program_vllm_runs_inside_is_the_outermost_other_package_above_vllms_frames():
+    """An RL trainer that drives an ``LLM`` (verl's checkout, ``/verl/verl/...``) is the host when vLLM's frames are
+    deeper than its own; a component vLLM calls (a connector below vLLM's frames) is not; frames printed after the
+    out-of-memory line count too, as the phase's do. The out-of-memory line is QwenLM/Qwen3#187's."""
+    from kvaudit.triage.evidence import _package
+
+    assert _package("/verl/verl/workers/fsdp_workers.py") == "verl"  # a source checkout: the folder twice
+    oom = (ROOT / "fixtures/reports/develop/QwenLM-Qwen3-187.txt").read_text().splitlines()[3]
+    frame = '  File "{}", line 10, in {}\n    x = f()\n'
+    host = ("Traceback (most recent call last):\n" + frame.format("/verl/verl/workers/fsdp_workers.py", "generate")
+            + frame.format("/venv/lib/python3.10/site-packages/vllm/entrypoints/llm.py", "wake_up")
+            + frame.format("/venv/lib/python3.10/site-packages/torch/cuda/memory.py", "f"))
+    facts = extract((host + oom).splitlines())
+    assert facts.value("host_package") == "verl" and facts.first("host_package").line == 2
+    assert extract((oom + "\n" + host).splitlines()).value("host_package") == "verl"  # the error printed first
+    called = ("Traceback (most recent call last):\n"
+              + frame.format("/venv/lib/python3.10/site-packages/vllm/v1/worker/gpu_model_runner.py", "execute_model")
+              + frame.format("/venv/lib/python3.10/site-packages/lmcache/v1/cache_engine.py", "store") + oom)
+    assert extract(called.splitlines()).value("host_package") is None
+
+
 def test_memory_outside_the_process_breaks_only_beyond_the_headroom_and_a_gib_of_slack():
     """The headroom the utilization leaves, (1 - u) x device memory, plus 1 GiB for what vLLM does not budget
     exactly (CUDA context, fragmentation): QwenLM/Qwen3#187's 48.95 GiB held outside, at utilizations that leave just

@@ -253,6 +253,9 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
 
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\nit crashes with CUDA OOM after a while")
     assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM, DECIDING_SMI)
+    assert t.deciding == ("failing allocation", "outside this process") == tuple(t.to_dict()["deciding"])
+    assert "the failing allocation and the memory held outside this process" in t.headline
+    assert "**What decides, and the report lacks**: failing allocation, outside this process" in t.to_markdown()
     assert "another process is the cause" in DECIDING_OOM and "a KV connector, a trainer" in DECIDING_OOM
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + OOM.format(held="60.00"))
-    assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for
+    assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for and t.deciding == ()

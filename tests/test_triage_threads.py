@@ -4,6 +4,7 @@ facts read from the paste (versions, model, TP, phase)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import jsonschema
@@ -18,6 +19,11 @@ from kvaudit.model.deployment import preset_for_model
 THREADS = ROOT / "fixtures" / "reports" / "threads"
 EXPECTED = {k: v for k, v in json.loads((THREADS / "expected.json").read_text()).items() if not k.startswith("_")}
 SCHEMA = json.loads((ROOT / "kvaudit" / "triage.schema.json").read_text())
+_BENCH = importlib.util.spec_from_file_location("triage_threads", ROOT / "bench" / "triage_threads.py")
+_bench = importlib.util.module_from_spec(_BENCH)
+_BENCH.loader.exec_module(_bench)
+SCORED = _bench.scored
+"""The benchmark's scoring of an answer against a thread's diagnosis: one rule for the bench and these tests."""
 
 
 def test_every_thread_fixture_has_an_expectation_and_a_citation():
@@ -88,7 +94,7 @@ def _verdict_and_cause(folder, name: str, want: dict):
     t = triage((folder / name).read_text())
     jsonschema.validate(t.to_dict(), SCHEMA)
     if want["verdict"] is not None:
-        assert (t.verdict, t.cause if "cause" in want else None) == (want["verdict"], want.get("cause")), t.headline
+        assert SCORED(want, t.verdict, t.cause, t.deciding)[0], (t.verdict, t.cause, t.deciding, t.headline)
     return t
 
 
@@ -197,7 +203,6 @@ MISSED_LATER = {
         "kenrollins-gemma-forge-context-window-edge.txt": "an HTTP 400 context-length refusal is not read as a failure",
         "kenrollins-gemma-forge-nvfp4-vram-math.txt": "an NVFP4 checkpoint's bf16 attention weights are not in the figures",
         "tilcodes-speed-racer-gone-wrong.txt": "memory growing under CUDA graphs while serving is not read",
-        "verl-project-verl-302.txt": "a colocated trainer at vLLM's wake_up is not read as another process",
         "verl-project-verl-632.txt": "a colocated trainer that kept its cache is not read as another process",
         "vllm-34877.txt": "the sleep-mode allocator's pool while weights load is not the KV cache's allocator",
         "vllm-43951.txt": "the sleep-mode allocator's pool while weights load, read as weights",

@@ -120,6 +120,9 @@ class Triage:
     """The memory ledger (``kvaudit.triage.ledger.Ledger``): each term reported beside predicted."""
     inequality: str | None = None
     """The inequality of vLLM's budget the figures break (``kvaudit.triage.ledger.Breach``), where one does."""
+    deciding: tuple[str, ...] = ()
+    """The ledger terms (``kvaudit.triage.ledger.TERMS``) the answer rests on and the report lacks: what
+    ``ask_for`` asks first, where no figure decides."""
 
     def to_dict(self) -> dict:
         """The JSON contract (``schema_version`` 1)."""
@@ -135,6 +138,7 @@ class Triage:
             "releases": list(self.releases), "planned_with_vllm": self.planned_with, "phase": self.phase,
             "not_audited": self.not_audited, "not_parsed": list(self.not_parsed),
             "ledger": self.ledger.to_dict() if self.ledger is not None else [], "inequality": self.inequality,
+            "deciding": list(self.deciding),
         }
 
     def to_json(self) -> str:
@@ -174,6 +178,8 @@ class Triage:
             out.append("")
         if self.inequality:
             out += [f"**What breaks**: {md(self.inequality)}", ""]
+        if self.deciding:
+            out += [f"**What decides, and the report lacks**: {md(', '.join(self.deciding))} (asked for below)", ""]
         if self.comparison:
             out += ["**Prediction vs report**", "", "| " + " | ".join(md(h, cell=True) for h in self.comparison_header)
                     + " |", "|" + "---|" * len(self.comparison_header)]
@@ -805,9 +811,10 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
     cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, u)
     headline = f"The allocation is not the cause: {why}; {text}"
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
-                  ask_for=tuple(dict.fromkeys((_deciding(ev) if cause == "unknown" else []) + list(missing))),
+                  ask_for=tuple(dict.fromkeys(_asks(terms := _deciding(ev) if cause == "unknown" else [])
+                                              + list(missing))),
                   recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
-                  cause=cause, phase=phase_of(ev))
+                  cause=cause, phase=phase_of(ev), deciding=tuple(terms))
 
 
 def phase_of(ev: Evidence) -> str | None:
@@ -843,14 +850,15 @@ def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], 
                   ask: list[str] | None = None, deciding: bool = True, **more: Any) -> Triage:
     """The answer that cannot conclude: what decides first (the caller's question, else the ledger's missing terms,
     ``_deciding``; none where what is missing is vLLM's planner here), then what the deployment lacks."""
-    ask_for = (list(ask) if ask else _deciding(ev) if deciding else []) + list(missing)
+    terms = _deciding(ev) if deciding and not ask else []
+    ask_for = (list(ask) if ask else _asks(terms)) + list(missing)
     if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:
         ask_for.append("the whole traceback of the out-of-memory error (which function allocated)")
     if "vLLM" not in values and "vllm-ascend" not in values:
         ask_for.append("the versions: `pip list | grep -E 'vllm|torch'` or the collect_env output")
     shown = {k: v for k, v in values.items() if v.value is not None}
     return Triage(INSUFFICIENT, None, headline, tuple(evidence), shown, ask_for=tuple(dict.fromkeys(ask_for)),
-                  phase=phase_of(ev), **more)
+                  phase=phase_of(ev), deciding=tuple(terms), **more)
 
 
 DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocate X. GPU 0 has a total capacity of T of "
@@ -860,24 +868,31 @@ DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocat
                 "allocation at a utilization near 1: the utilization")
 DECIDING_SMI = ("`nvidia-smi` (or `npu-smi info`) while the engine runs or right after it fails: a process other than "
                 "vLLM's holding device memory is memory outside vLLM's budget; none, and the figures above decide")
-"""What decides a runtime out-of-memory failure where the report lacks it, and what each answer would mean: the
-ledger's terms of the failing allocation, the free memory and the memory outside the process."""
+DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI}
+"""The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
+asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
+and the memory held outside the process (the smi table)."""
 
 
 def _deciding(ev: Evidence) -> list[str]:
-    """The facts that decide the ledger's verdict and the report lacks, first in what to ask: the out-of-memory
-    message where it says the device ran out without torch's own line, the smi table where neither that line nor a
-    table tells what is held outside this process."""
+    """The ledger terms (``DECIDING``) that decide the verdict and the report lacks, first in what to ask: the failing
+    allocation where the report says the device ran out without torch's own line, the memory outside this process
+    where neither that line nor a smi table tells it."""
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
     oom = ev.value("oom")
     if oom is None:
         said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
         smi = ev.first("device_process_mb", "hbm_used_mb") is not None
-        return ([DECIDING_OOM] + ([] if smi else [DECIDING_SMI])) if said else []
+        return (["failing allocation"] + ([] if smi else ["outside this process"])) if said else []
     if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
-        return [DECIDING_SMI]  # (the line alone cannot tell what is held outside this process)
+        return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
     return []
+
+
+def _asks(terms: list[str]) -> list[str]:
+    """The question for each deciding term."""
+    return [DECIDING[t] for t in terms]
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:
@@ -1029,9 +1044,10 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
                   header, tuple(actions),
-                  tuple(dict.fromkeys((_deciding(ev) if cause == "unknown" else []) + list(missing))), rec_u, rec_kv,
-                  fixed_in,
-                  cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited))
+                  tuple(dict.fromkeys(_asks(terms := _deciding(ev) if cause == "unknown" else []) + list(missing))),
+                  rec_u, rec_kv, fixed_in,
+                  cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited),
+                  deciding=tuple(terms))
 
 
 def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
@@ -1254,6 +1270,17 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = (f"the device ran out because {CAUSES[cause]}: {fmt_bytes(weights[0])} per rank ({weights[1]}) on a "  # type: ignore[index]
                 f"{fmt_bytes(T)} device.")
         actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
+    elif (host := ev.first("host_package")) is not None and phase in (None, "kv-cache allocation"):
+        cause = "outside-budget"
+        name = host.value
+        left = f" ({fmt_bytes(int((1 - u) * T))} of {fmt_bytes(T)})" if T else ""
+        text = (f"vLLM runs inside {name} ({_where(host, 100)}), and the device ran out as vLLM allocated what its "
+                f"plan holds within {u} of the device: {name}'s own tensors on this device (a trainer's weights, "
+                f"gradients, optimizer state) are outside vLLM's budget, which leaves them only 1 − {u}{left}. "
+                f"{CAUSES[cause][0].upper()}{CAUSES[cause][1:]}.")
+        actions.append(f"Give {name} its share of the device: a lower vLLM `gpu_memory_utilization` in {name}'s "
+                       f"settings, so that it plus what {name} holds stays under the device; or free or offload "
+                       f"{name}'s tensors before vLLM allocates (its offload options, vLLM's sleep mode).")
     elif others or other or (startup is not None and T and startup.value < u * T) or (
             outside is not None and outside > 0.25 * oom.total):
         cause = "another-process"
@@ -1337,7 +1364,11 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = "the report shows no out-of-memory error, so nothing points at the KV cache."
     else:
         cause = "unknown"
-        text = f"nothing in the allocator to fix; {CAUSES[cause]}."
+        terms = _deciding(ev)
+        text = ("nothing in the allocator to fix; the cause rests on ledger terms the report does not show: "
+                + " and ".join(f"the {t}" if t == "failing allocation" else "the memory held outside this process"
+                               for t in terms) + " (asked for below)." if terms
+                else f"nothing in the allocator to fix; {CAUSES[cause]}.")
     shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
     if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
         margin = int(shortfall * 1.1) + (256 << 20)

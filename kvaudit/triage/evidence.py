@@ -473,7 +473,7 @@ _RULES = tuple((key, rx, conv, tuple(map(frozenset, groups))) for key, rx, conv,
 """Every line pattern with the words (groups of alternatives, all groups met) a line must hold first."""
 
 PHASES = {
-    "kv-cache allocation": ("_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "allocate_kv_cache",
+    "kv-cache allocation": ("wake_up", "_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "allocate_kv_cache",
                             "initialize_kv_cache_tensors_deepseek_mla", "initialize_kv_cache_tensors_deepseek_sfa",
                             "initialize_kv_cache", "_allocate_kv_cache", "initialize_cache", "_init_cache_engine",
                             "initialize_from_config"),
@@ -700,6 +700,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         owner = _allocating_package(packages, oom.line)
         if owner is not None:
             ev.add("oom_package", owner[0], owner[1], lines[owner[1] - 1])
+    for oom in (ev.all("oom") or ev.all("oom_mentioned"))[:1]:
+        host = _host_package(packages, oom.line)
+        if host is not None:
+            ev.add("host_package", host[0], host[1], lines[host[1] - 1])
     if tracebacks:  # the phase of the last traceback, with or without an out-of-memory line
         last = [f for f in frames if f[0] > tracebacks[-1]]
         phase = _phase(last, last[-1][0] + 1) if last else None
@@ -1138,6 +1142,10 @@ def _package(path: str) -> str | None:
     for known in ("vllm_ascend", "vllm", "torch_npu", "torch"):
         if known in parts[:-1]:
             return known
+    folders = parts[:-1]
+    for outer, inner in zip(folders, folders[1:]):  # a source checkout: ``/verl/verl/workers/...``
+        if outer == inner and inner.isidentifier():
+            return inner
     return None
 
 
@@ -1152,6 +1160,21 @@ def _allocating_package(packages: dict[int, str | None], oom_line: int, reach: i
             return None  # vLLM's own frame is the deepest that is not torch's: vLLM allocated
         if package is not None and package not in _RUNTIME:
             return package, n
+    return None
+
+
+def _host_package(packages: dict[int, str | None], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
+    """The program vLLM runs inside (an RL trainer that drives an ``LLM``): the outermost frame of the traceback
+    around the out-of-memory line (``reach`` lines above it, else below it, as ``_phase`` reads) in a package that is
+    not vLLM's runtime, where vLLM's own frames are deeper. Its tensors share the device with vLLM's budget."""
+    for block in (sorted(n for n in packages if oom_line - reach <= n < oom_line),
+                  sorted(n for n in packages if oom_line < n <= oom_line + reach)):
+        for i, n in enumerate(block):
+            package = packages[n]
+            if package is not None and package not in _RUNTIME:
+                if any(packages[m] in ("vllm", "vllm_ascend") for m in block[i + 1:]):
+                    return package, n
+                break
     return None
 
 
