@@ -884,7 +884,9 @@ def _deciding(ev: Evidence) -> list[str]:
     if oom is None:
         said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
         smi = ev.first("device_process_mb", "hbm_used_mb") is not None
-        return (["failing allocation"] + ([] if smi else ["outside this process"])) if said else []
+        if not said:  # no failure read at all: the error itself, if one was raised, decides
+            return [] if ev.first("exception", "outside") is not None else ["failing allocation"]
+        return ["failing allocation"] + ([] if smi else ["outside this process"])
     if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
         return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
     return []
@@ -1359,9 +1361,6 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                                             f"({_where(works[0], 80)})" if works else "") + ".")
         actions.append("Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
                        "device keeps a few GiB free.")
-    elif oom is None and ev.first("oom_mentioned") is None:
-        cause = "not-out-of-memory"
-        text = "the report shows no out-of-memory error, so nothing points at the KV cache."
     else:
         cause = "unknown"
         terms = _deciding(ev)
