@@ -79,7 +79,7 @@ def test_weights_over_the_utilizations_share_recommend_a_utilization():
     t = _cause("vllm serve /models/x --gpu-memory-utilization 0.8\n"
                "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 70.5 GiB memory and 20.1 seconds\n"
                + OOM.format(held="78.00"))
-    assert t.cause == "no-room-for-kv-cache"
+    assert t.cause == "weights"  # the weights over the utilization's budget, the ledger's first breach
     assert "vLLM may use 63.32 GiB of the 79.15 GiB device, and the weights alone take 70.50 GiB" in t.headline
     assert t.recommended_utilization == 0.9  # min(0.9, 70.5 / 79.15 + 0.1)
 

@@ -47,7 +47,7 @@ CAUSES = {
     "graph-capture": "CUDA/ACL graph capture, after the KV cache was allocated",
     "activations-while-serving": "activations while serving requests, outside the KV cache",
     "memory-profiling": "the profile run's activations, before the KV cache was planned",
-    "weights": "the weights do not fit the device",
+    "weights": "the weights do not fit the device, or the share of it the utilization gives vLLM",
     "budget-did-not-fit": "the KV budget itself did not fit the device when allocated",
     "utilization-too-high": "the utilization leaves no room for memory vLLM's profile does not see",
     "device-selection": "CUDA_VISIBLE_DEVICES was set after torch was imported, so it selected nothing",
@@ -1339,7 +1339,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = (f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's profile "
                 f"(non-torch allocations, another process) or a utilization too close to 1.")
     elif over_share:
-        cause = "no-room-for-kv-cache"
+        cause = "weights"
         text = (f"{CAUSES[cause]}: at `--gpu-memory-utilization {u}` vLLM may use {fmt_bytes(int(u * T))} of the "
                 f"{fmt_bytes(T)} device, and the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]}).")  # type: ignore[index]
         rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]

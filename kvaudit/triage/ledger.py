@@ -147,7 +147,7 @@ class Ledger:
 
     def breach(self, phase: str | None = None) -> Breach | None:
         """The inequality of vLLM's budget these figures break, first in budget order: the weights over the device,
-        no KV budget, a KV budget short of one request of max_model_len, the memory held outside this process beyond
+        the weights over the utilization's budget, no KV budget, a KV budget short of one request of max_model_len, the memory held outside this process beyond
         what the utilization leaves free. ``None`` where none breaks (or the figures to tell are missing)."""
         T, W, K, R = (self.value(t) for t in ("device memory", "weights", "KV budget", "KV for one request"))
         u = self.utilization
@@ -156,12 +156,16 @@ class Ledger:
         if T and W is not None and W > T and phase in (None, "weight loading", "memory profiling", "kv-cache planning"):
             return Breach("weights", f"weights {self._at('weights')} > device memory {self._at('device memory')}",
                           "weights")
+        over = budget is not None and W is not None and W >= budget
+        if K is not None and K <= 0 and self.row("KV budget").reported is not None:  # vLLM's own figure decides
+            return Breach("no-room-for-kv-cache", f"KV budget {self._at('KV budget')} ≤ 0" + (
+                f"; weights {self._at('weights')} ≥ budget {fmt_bytes(budget)} ({u} × {self._at('device memory')})"
+                if over else ""), "KV budget")
+        if over and phase in (None, "weight loading", "memory profiling", "kv-cache planning"):
+            return Breach("weights", f"weights {self._at('weights')} ≥ budget {fmt_bytes(budget)} ({u} × "
+                          f"{self._at('device memory')})", "weights")
         if K is not None and K <= 0:
-            parts = [f"KV budget {self._at('KV budget')} ≤ 0"]
-            if budget is not None and W is not None and W >= budget:
-                parts.append(f"weights {self._at('weights')} ≥ budget {fmt_bytes(budget)} ({u} × "
-                             f"{self._at('device memory')})")
-            return Breach("no-room-for-kv-cache", "; ".join(parts), "KV budget")
+            return Breach("no-room-for-kv-cache", f"KV budget {self._at('KV budget')} ≤ 0", "KV budget")
         if K is not None and R is not None and R > K:
             return Breach("budget-too-small-for-max-model-len",
                           f"KV for one request of {self.max_model_len:,} tokens {self._at('KV for one request')} > "
