@@ -103,6 +103,19 @@ def test_weights_over_the_device_come_first():
     assert led.breach("serving requests") is None or led.breach("serving requests").cause != "weights"
 
 
+def test_weights_over_the_utilizations_budget_break_before_a_predicted_kv_budget_but_after_vllms_own():
+    """72 GiB is the budget of 0.9 of 80 GiB: weights of 72 GiB leave it nothing (the predicted KV budget is negative
+    too, but the weights are the first term that breaks); where vLLM logged its KV budget, its own figure decides."""
+    led = ledger.build(extract([""]), _deployment(weights_bytes=72 * GiB))
+    b = led.breach()
+    assert b is not None and (b.cause, b.term) == ("weights", "weights")
+    assert b.inequality == "weights 72.00 GiB (predicted) ≥ budget 72.00 GiB (0.9 × 80.00 GiB (predicted))"
+    assert ledger.build(extract([""]), _deployment(weights_bytes=72 * GiB - 1)).breach().cause == "no-room-for-kv-cache"
+    logged = extract(["INFO [gpu_worker.py:276] Available KV cache memory: -1.00 GiB"])
+    b = ledger.build(logged, _deployment(weights_bytes=72 * GiB)).breach()
+    assert b.cause == "no-room-for-kv-cache" and b.inequality.startswith("KV budget -1.00 GiB (line 1) ≤ 0; weights")
+
+
 def test_a_request_longer_than_the_budget_holds_is_short_of_kv():
     need = SimpleNamespace(bytes=20 * GiB, max_model_len=131072, fits_max_model_len=70000)
     led = ledger.build(extract([""]), _deployment(), need)
