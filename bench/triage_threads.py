@@ -86,6 +86,9 @@ def score(folder: str, show: bool = False) -> dict:
         if code is None:
             totals["tracebacks"] += 1
             notes.append("TRACEBACK " + err.strip().splitlines()[-1][:100])
+        elif code not in (0, 2, 3):  # kvaudit's own internal error (exit 4): a traceback, caught
+            totals["tracebacks"] += 1
+            notes.append(f"INTERNAL ERROR (exit {code}) " + err.strip()[:100])
         elif code == 2:
             totals["exit2"] += 1
             notes.append("EXIT 2 " + err.strip()[:100])

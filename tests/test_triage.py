@@ -559,3 +559,24 @@ def test_an_error_that_is_no_memory_error_gets_no_devices_advice():
     assert (t.verdict, t.cause) == ("plan-not-involved", "not-out-of-memory")
     assert t.actions[0].startswith("Fix the error the traceback ends in (line 1: `codellama-13b-awq RuntimeError: CUDA")
     assert "compute capability" not in " ".join(t.actions)
+
+
+@pytest.mark.parametrize("line, named", [
+    ("python -m vllm.entrypoints.openai.api_server -model /model/Qwen2-7B", "/model/Qwen2-7B"),  # QwenLM/Qwen3#845
+    ("Deploy ModelScope/ZhipuAI/glm-4-9b-chat-1m from modelscope", "ModelScope/ZhipuAI/glm-4-9b-chat-1m"),  # gpustack#1342
+    ("    --model /mnt/data/ai-ground/models/Qwen/Qwen2.5-VL-72B-Instruct \\",
+     "/mnt/data/ai-ground/models/Qwen/Qwen2.5-VL-72B-Instruct"),  # modelscope/ms-swift#5424
+    ("cd /home/qwen/run.py", None),  # a folder on the way is no model
+    ("see /models/Qwen2-7B/config.json", None),
+])
+def test_a_model_named_by_its_path_is_the_whole_path_to_its_last_folder(line, named):
+    ev = extract(clean_lines(line))
+    assert ({f.value for f in ev.all("model_mention")} or {None}) == {named}
+
+
+def test_curly_quotes_a_forum_printed_are_read_as_the_straight_ones_the_log_had():
+    """discuss.vllm.ai#1602: Discourse turned the quotes of the pasted start-up log curly."""
+    ev = extract(clean_lines("INFO 09-13 13:31:16 [cli_args.py:261] non-default args: {\u2018model_tag\u2019: "
+                             "\u2018mistralai/Mistral-7B-Instruct-v0.2\u2019, \u2018max_model_len\u2019: 16384}"))
+    assert ev.value("max_model_len") == 16384
+    assert clean_lines("\u201cquoted\u201d") == ['"quoted"']

@@ -164,13 +164,17 @@ def read_report(path: str) -> str:
 
 
 MAX_LINE = 8192
+_SMART_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+"""Curly quotes, as forums (Discourse) and word processors print a pasted log's straight ones."""
 """Longer lines are cut: the longest lines kvaudit reads (the engine config) are ~2 KiB."""
 
 
 def clean_lines(text: str) -> list[str]:
     """Lines without ANSI colour codes (also the ``[1;36m`` left when a paste loses the ESC), with
-    Windows and old-Mac line endings normalised, each cut to ``MAX_LINE`` characters."""
+    Windows and old-Mac line endings and curly quotes normalised, each cut to ``MAX_LINE`` characters."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if any(chr(q) in text for q in _SMART_QUOTES):  # a forum's typography: a pasted log's quotes made curly
+        text = text.translate(_SMART_QUOTES)
     if "\x1b" in text or "#033" in text:
         text = _ANSI.sub("", text)  # (no code spans a line end)
     if "m" in text:
@@ -266,7 +270,7 @@ _IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
 _SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
 _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
-_MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:[\w-]+/)?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
+_MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
                             r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
@@ -327,7 +331,7 @@ _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|
 _HUB_URL = re.compile(r"(?:huggingface\.co|hf-mirror\.com|modelscope\.cn/models)/(?P<id>[A-Za-z0-9][\w.-]{0,95}/"
                       r"[A-Za-z0-9][\w.-]{0,95})")
 """A model's page on the Hub (or its mirrors): its id."""
-_SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:[\w-]{2,40}/)?[A-Za-z][A-Za-z0-9.]{1,30}(?:[-_][A-Za-z0-9.]{1,20}){0,4}?[-_]?"
+_SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?[A-Za-z][A-Za-z0-9.]{1,30}(?:[-_][A-Za-z0-9.]{1,20}){0,4}?[-_]?"
                           r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![A-Za-z0-9_.])")
 """A model as people name it, by its parameter count ("baichuan-13b", "qwen2VL-7b-awq", "vicuna7b_v1.3",
 "Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
