@@ -259,3 +259,18 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
     assert "another process is the cause" in DECIDING_OOM and "a KV connector, a trainer" in DECIDING_OOM
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + OOM.format(held="60.00"))
     assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for and t.deciding == ()
+
+
+def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
+    """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
+    settings are asked for beside the line and the smi table; the question says what its allocations would mean."""
+    from kvaudit.triage.conclude import DECIDING_COMPONENT
+
+    launch = ("vllm serve /models/some-model --kv-transfer-config "
+              "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'\n")
+    t = triage(launch + "it crashes with CUDA OOM after a while")
+    assert t.deciding == ("failing allocation", "outside this process", "component")
+    assert DECIDING_COMPONENT in t.ask_for and "the KV connector's own allocations" in t.headline
+    assert "outside vLLM's budget" in DECIDING_COMPONENT
+    t = triage("vllm serve /models/some-model\nit crashes with CUDA OOM after a while")
+    assert "component" not in t.deciding

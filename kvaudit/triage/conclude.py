@@ -868,24 +868,39 @@ DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocat
                 "allocation at a utilization near 1: the utilization")
 DECIDING_SMI = ("`nvidia-smi` (or `npu-smi info`) while the engine runs or right after it fails: a process other than "
                 "vLLM's holding device memory is memory outside vLLM's budget; none, and the figures above decide")
-DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI}
+DECIDING_COMPONENT = ("the KV connector's release and its settings (its `kv_transfer_config`, and the connector's own "
+                      "configuration: the CPU or pinned buffers it allocates, any GPU staging buffers): what it "
+                      "allocates on the device is outside vLLM's budget and must fit in what the utilization leaves "
+                      "free; what it allocates on the host must fit in the host's RAM")
+DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT}
+_SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
+         "component": "the KV connector's own allocations"}
 """The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
 asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
-and the memory held outside the process (the smi table)."""
+the memory held outside the process (the smi table), and a KV connector's own allocations (its release and
+settings), which vLLM's budget does not hold."""
 
 
 def _deciding(ev: Evidence) -> list[str]:
     """The ledger terms (``DECIDING``) that decide the verdict and the report lacks, first in what to ask: the failing
-    allocation where the report says the device ran out without torch's own line, the memory outside this process
-    where neither that line nor a smi table tells it."""
+    allocation where no torch line shows it (whether or not the report says the device ran out), the memory outside
+    this process where neither that line nor a smi table tells it, and with either, the KV connector's own
+    allocations where the report runs one and the failing frames do not show them."""
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
+    terms = _runtime_terms(ev)
+    if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
+        terms.append("component")  # (a connector's allocation in the failing frames already decides)
+    return terms
+
+
+def _runtime_terms(ev: Evidence) -> list[str]:
     oom = ev.value("oom")
     if oom is None:
         said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
         smi = ev.first("device_process_mb", "hbm_used_mb") is not None
-        if not said:  # no failure read at all: the error itself, if one was raised, decides
-            return [] if ev.first("exception", "outside") is not None else ["failing allocation"]
+        if not said and ev.first("exception", "outside") is not None:
+            return []  # an error that is no out-of-memory error: it decides, not the ledger
         return ["failing allocation"] + ([] if smi else ["outside this process"])
     if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
         return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
@@ -1365,8 +1380,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         cause = "unknown"
         terms = _deciding(ev)
         text = ("nothing in the allocator to fix; the cause rests on ledger terms the report does not show: "
-                + " and ".join(f"the {t}" if t == "failing allocation" else "the memory held outside this process"
-                               for t in terms) + " (asked for below)." if terms
+                + " and ".join(_SAID[t] for t in terms) + " (asked for below)." if terms
                 else f"nothing in the allocator to fix; {CAUSES[cause]}.")
     shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
     if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
