@@ -55,10 +55,14 @@ def test_another_process_from_the_free_memory_at_start_up_not_the_oom_line():
     assert "another process holds all but 30.50 GiB free at start-up (line 1:" in t.headline
 
 
-def test_another_process_from_the_oom_line_when_it_holds_over_a_quarter():
+def test_another_process_from_the_oom_line_where_it_breaks_the_ledgers_headroom():
+    """The ledger's one rule (``Ledger.breach``): held outside over (1 − u) × T and a GiB of slack."""
     t = _cause(OOM.format(held="30.00"))  # 79.15 − 30.00 − 1.06 = 48.09 GiB held elsewhere
     assert t.cause == "another-process"
-    assert "48.09 GiB of 79.15 GiB: what this process's PyTorch did not hold" in t.headline
+    assert ("another process holds more than the utilization leaves it (held outside this process 48.09 GiB (line 1) > "
+            "what the utilization leaves free, (1 − 0.9) × 79.15 GiB = 7.91 GiB)") in t.headline
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.3\n" + OOM.format(held="30.00"))
+    assert t.cause != "another-process"  # 48.09 GiB is within the 55.41 GiB that 0.3 leaves
 
 
 def test_a_utilization_the_report_says_works_is_the_cause_and_the_room_it_leaves():

@@ -1180,7 +1180,6 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     oom = ev.value("oom")
     phase = phase_of(ev)
     weights = _weights(values)
-    outside = oom.held_outside if oom is not None else None
     budget = values.get("KV budget")
     A = budget.value if budget is not None else None
     actions: list[str] = []
@@ -1193,6 +1192,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
     changes = _changes(ev)
     pair = release_pair(ev)
     named = [(c, f) for f in ev.all("change_named") for c in CHANGES if c.release == f.value and c.named_by]
+    breach = _ledger_breach(ev, values, u, phase)  # the inequality the report's own figures break, if any
     running = ev.first("served", "captured", "memory_growth", "serving_oom") is not None or phase in (
         "CUDA/ACL graph capture", "serving requests")
     over_device = weights is not None and T and weights[0] > T and not running
@@ -1241,7 +1241,7 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                                f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
             else:
                 rec_u = None
-    elif (breach := _ledger_breach(ev, values, u, phase)) is not None and breach.cause == "outside-budget":
+    elif breach is not None and breach.cause == "outside-budget":
         cause = breach.cause
         name = ev.value("oom_package")
         text = (f"the device ran out in {name}'s code: {breach.inequality}. {CAUSES[cause][0].upper()}"
@@ -1299,15 +1299,14 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                        f"settings, so that it plus what {name} holds stays under the device; or free or offload "
                        f"{name}'s tensors before vLLM allocates (its offload options, vLLM's sleep mode).")
     elif others or other or (startup is not None and T and startup.value < u * T) or (
-            outside is not None and outside > 0.25 * oom.total):
+            breach is not None and breach.cause == "another-process"):
         cause = "another-process"
         if others:
             held = f"{max(o.value for o in others):,} MB ({_where(others[0], 100)})"
         elif other:
             held = f"{fmt_bytes(other.value)} ({_where(other, 100)})"
-        elif outside is not None and outside > 0.25 * oom.total:
-            held = (f"{fmt_bytes(outside)} of {fmt_bytes(oom.total)}: what this process's PyTorch did not hold when it "
-                    f"ran out ({_where(ev.first('oom'), 100)})")  # type: ignore[arg-type]
+        elif breach is not None and breach.cause == "another-process":
+            held = f"more than the utilization leaves it ({breach.inequality})"
         else:
             held = f"all but {fmt_bytes(startup.value)} free at start-up ({_where(startup, 100)})"  # type: ignore[union-attr]
         text = f"the device ran out because another process holds {held}, outside vLLM's profile."
