@@ -200,3 +200,20 @@ def test_a_budget_that_holds_exactly_one_request_is_enough_as_vllms_check_says()
     assert ledger.build(extract([""]), d, exact).breach() is None
     over = SimpleNamespace(bytes=d.kv_budget_bytes + 1, max_model_len=8192, fits_max_model_len=8191)
     assert ledger.build(extract([""]), d, over).breach().cause == "budget-too-small-for-max-model-len"
+
+
+@pytest.mark.parametrize("phase, cause", [("CUDA/ACL graph capture", "graph-capture"),
+                                          ("kv-cache allocation", "budget-did-not-fit"),
+                                          ("serving requests", "activations-while-serving"),
+                                          ("memory profiling", "memory-profiling"), ("weight loading", "weights")])
+def test_an_allocation_that_met_less_free_memory_breaks_at_the_phase_the_frames_name(phase, cause):
+    """vllm#27508's line: 786 MiB asked, 140.75 MiB free, all of the device this process's; the phase names the term
+    that asked. Without a phase, or where the memory outside breaks first, the phase decides nothing."""
+    facts = _facts("fixtures/reports/threads/vllm-27508.txt")
+    led = ledger.build(facts, _deployment(device_memory_bytes=round(79.11 * GiB), gpu_memory_utilization=0.95,
+                                          weights_bytes=10 * GiB))
+    b = led.breach(phase)
+    assert (b.cause, b.term) == (cause, "failing allocation")
+    assert b.inequality.startswith("the failing allocation 786.00 MiB (line 121) > free when it ran out 140.75 MiB "
+                                   "(line 121), allocating ") and b.inequality.endswith(f"({phase})")
+    assert led.breach(None) is None

@@ -52,6 +52,16 @@ REPORTED = {
 }
 """The facts (``kvaudit.triage.evidence``, most from vLLM's own log formats) that state each term, in order of trust."""
 
+PHASE_TERMS = {
+    "weight loading": ("weights", "weights", "the weights"),
+    "memory profiling": ("peak activation", "memory-profiling", "the profile run's activations"),
+    "CUDA/ACL graph capture": ("graphs", "graph-capture", "the graphs"),
+    "kv-cache allocation": ("KV allocated", "budget-did-not-fit", "the KV cache"),
+    "serving requests": ("peak activation", "activations-while-serving", "activations while serving"),
+}
+"""The term each phase of vLLM's start-up and serving allocates (``kvaudit.triage.evidence.PHASES``), the cause
+(``kvaudit.triage.conclude.CAUSES``) an allocation of that term that met too little free memory is, and its words."""
+
 _MODEL_TERMS = {"peak activation": "peak_activation", "non-torch": "non_torch", "graphs": "cuda_graphs"}
 """Ledger terms and the ``kvaudit.model.memory.Term`` key that predicts each."""
 
@@ -147,8 +157,10 @@ class Ledger:
 
     def breach(self, phase: str | None = None) -> Breach | None:
         """The inequality of vLLM's budget these figures break, first in budget order: the weights over the device,
-        the weights over the utilization's budget, no KV budget, a KV budget short of one request of max_model_len, the memory held outside this process beyond
-        what the utilization leaves free. ``None`` where none breaks (or the figures to tell are missing)."""
+        the weights over the utilization's budget, no KV budget, a KV budget short of one request of max_model_len, the
+        memory held outside this process beyond what the utilization leaves free; then, at the phase the frames name
+        (``PHASE_TERMS``), the allocation of that phase's term that met less free memory than it asked. ``None`` where
+        none breaks (or the figures to tell are missing)."""
         T, W, K, R = (self.value(t) for t in ("device memory", "weights", "KV budget", "KV for one request"))
         u = self.utilization
         budget = self.value("budget") if self.row("budget").reported is not None else (
@@ -181,6 +193,11 @@ class Ledger:
             return Breach("another-process", f"held outside this process {self._at('outside this process')} > "
                           f"what the utilization leaves free, (1 − {u}) × {fmt_bytes(T)} = {fmt_bytes(int((1 - u) * T))}",
                           "outside this process")
+        tried, free = self.row("failing allocation").reported, self.row("free when it ran out").reported
+        if phase in PHASE_TERMS and tried is not None and free is not None and tried > free:
+            _, cause, what = PHASE_TERMS[phase]
+            return Breach(cause, f"the failing allocation {self._at('failing allocation')} > free when it ran out "
+                          f"{self._at('free when it ran out')}, allocating {what} ({phase})", "failing allocation")
         return None
 
     def _at(self, term: str) -> str:
