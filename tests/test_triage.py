@@ -580,3 +580,17 @@ def test_curly_quotes_a_forum_printed_are_read_as_the_straight_ones_the_log_had(
                              "\u2018mistralai/Mistral-7B-Instruct-v0.2\u2019, \u2018max_model_len\u2019: 16384}"))
     assert ev.value("max_model_len") == 16384
     assert clean_lines("\u201cquoted\u201d") == ['"quoted"']
+
+
+def test_a_lower_utilization_recommended_is_planned_again_against_one_request():
+    """vllm#27508: freeing the failing request's shortfall lowers the utilization to 0.938; planned again with vLLM,
+    that budget no longer holds one request of the 32,768 tokens the report runs, so the max_model_len vLLM's
+    estimate gives for it comes with the advice. vllm#15598's lower utilization still holds its 16,384 tokens."""
+    skip_unless_planned()
+    t = triage((ROOT / "fixtures/reports/threads/vllm-27508.txt").read_text())
+    again = [a for a in t.actions if a.startswith("Planned again")]
+    assert t.recommended_utilization == 0.938 and len(again) == 1
+    assert "no longer holds one request of 32,768 tokens" in again[0] and "`--max-model-len 27776`" in again[0]
+    t = triage((ROOT / "fixtures/reports/threads/vllm-15598.txt").read_text())
+    assert any(a.startswith("Planned again at `--gpu-memory-utilization 0.974`") and "still holds one request of "
+               "16,384 tokens" in a for a in t.actions)

@@ -713,6 +713,29 @@ def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
     return actions, rec_u
 
 
+def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: _Inputs) -> str:
+    """A lower utilization recommended, planned again with vLLM: whether its KV budget still holds one request of
+    max_model_len (vLLM's start-up check), and the max_model_len it holds where it does not."""
+    from kvaudit.errors import NotAuditable
+    from kvaudit.plan.planner import request_need
+
+    stated = values.get("KV budget")
+    budget = (stated.value - int((d.gpu_memory_utilization - u) * d.device_memory_bytes)
+              if stated is not None and isinstance(stated.value, int) and not stated.source.startswith("derived")
+              else dataclasses.replace(d, gpu_memory_utilization=u).kv_budget_bytes)
+    try:
+        need = request_need(d, _planning_rule(inputs), budget=budget)
+    except (ConfigError, NotAuditable):
+        return f"At `--gpu-memory-utilization {u}` the KV budget is {fmt_bytes(budget)}; kvaudit could not plan it again."
+    if need.fits:
+        return (f"Planned again at `--gpu-memory-utilization {u}` (vLLM {_planner()}): a KV budget of "
+                f"{fmt_bytes(budget)} still holds one request of {d.max_model_len:,} tokens ({fmt_bytes(need.bytes)}).")
+    return (f"Planned again at `--gpu-memory-utilization {u}` (vLLM {_planner()}): a KV budget of {fmt_bytes(budget)} "
+            f"no longer holds one request of {d.max_model_len:,} tokens ({fmt_bytes(need.bytes)}), and vLLM would "
+            "refuse to start; with it, " + (f"`--max-model-len {need.fits_max_model_len}`." if need.fits_max_model_len
+                                            else "no max_model_len fits: free the memory instead."))
+
+
 def _device_ran_out(ev: Evidence) -> bool:
     """Whether the report shows the device's memory running out, or vLLM refusing for lack of it."""
     return (ev.first("oom", "kv_capacity_error", "memory_growth", "serving_oom", "collective_saw_oom") is not None
@@ -1054,6 +1077,8 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         T = (values["device memory"].value if "device memory" in values
              else None if inputs.family_of else d.device_memory_bytes)
         cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, d.gpu_memory_utilization)
+        if rec_u is not None and rec_u < d.gpu_memory_utilization and not inputs.family_of:
+            actions.append(_planned_again(d, rec_u, values, inputs))
         headline = (f"{cand.label}'s allocator allocates exactly what vLLM planned ({factor:.2f}×); {text}")
         fixed_in = None
     else:
