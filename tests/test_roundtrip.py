@@ -179,8 +179,8 @@ def triaged(text: str) -> tuple[dict, ledger.Breach | None, ledger.Ledger]:
     stated = {"device memory": (oom.total, "line 1: oom")} if oom is not None and oom.total else {}
     led = ledger.build(ev, stated=stated, utilization=got["util"])
     breach = led.breach()
-    if breach is None and _deciding(ev):
-        breach = ledger.Breach("undecided", "", _deciding(ev)[0])
+    if breach is None and _deciding(ev, {}):
+        breach = ledger.Breach("undecided", "", _deciding(ev, {})[0])
     return got, breach, led
 
 

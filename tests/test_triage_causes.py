@@ -278,3 +278,15 @@ def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_fra
     assert "outside vLLM's budget" in DECIDING_COMPONENT
     t = triage("vllm serve /models/some-model\nit crashes with CUDA OOM after a while")
     assert "component" not in t.deciding
+
+
+def test_where_the_figures_show_what_was_held_outside_the_unstated_utilization_decides():
+    """torch's line shows 7.09 GiB held outside this process: over what 0.95 leaves (3.96 GiB and a GiB of slack),
+    within what 0.9 leaves (7.92 GiB). With no utilization in the report, nothing breaks at the assumed 0.9, and the
+    utilization the engine ran with is what decides; stated, it decides itself."""
+    from kvaudit.triage.conclude import DECIDING_BUDGET
+
+    t = _cause(OOM.format(held="71.00"))
+    assert (t.cause, t.deciding) == ("unknown", ("budget",)) and t.ask_for[0] == DECIDING_BUDGET
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="71.00"))
+    assert t.cause == "another-process" and t.deciding == ()

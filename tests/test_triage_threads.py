@@ -166,7 +166,6 @@ MISSED_LATER = {
         "vllm-ascend-168.txt": "an ACL invalid-device error is read as not memory, the thread says the runtime",
     },
     "held-out-3": {
-        "QwenLM-Qwen3-458.txt": "another process on the device is not in the report's figures",
         "vllm-1573.txt": "a derived max model len the report does not state",
         "vllm-27174.txt": "'Potentially a memory leak?' is read as growth; the thread asked for logs",
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
@@ -186,7 +185,6 @@ MISSED_LATER = {
         "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",
         "zai-org-GLM-4-149.txt": "1M tokens of max model len stated in prose against a 40 GB card",
         "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",
-        "zai-org-GLM-4-743.txt": "'Got fatal signal from worker processes' with no error shown",
     },
     "held-out-5": {
         "TideDra-lmm-r1-43.txt": "a trainer on the same GPU at vLLM's wake_up is not read as another process",
@@ -202,15 +200,12 @@ MISSED_LATER = {
         "kenrollins-gemma-forge-context-window-edge.txt": "an HTTP 400 context-length refusal is not read as a failure",
         "kenrollins-gemma-forge-nvfp4-vram-math.txt": "an NVFP4 checkpoint's bf16 attention weights are not in the figures",
         "tilcodes-speed-racer-gone-wrong.txt": "memory growing under CUDA graphs while serving is not read",
-        "verl-project-verl-632.txt": "a colocated trainer that kept its cache is not read as another process",
-        "vllm-34877.txt": "the sleep-mode allocator's pool while weights load is not the KV cache's allocator",
         "vllm-43951.txt": "the sleep-mode allocator's pool while weights load, read as weights",
         "vllm-53413.txt": "a kernel's workspace while serving, stated in prose, names no cause",
         "vllm-8073.txt": "two fragments; the draft model vLLM did not profile is not read",
         "vllm-9995.txt": "a draft model vLLM does not profile at 0.99 is not read",
         "vllm-ascend-14004.txt": "a 310P budget rule that subtracts another process twice is not audited",
         "vllm-ascend-449.txt": "an invalid-device assertion in the title only; two LLM( examples read as two engines",
-        "vllm-ascend-6942.txt": "ASCEND_VISIBLE_DEVICES in containers is not read as device selection",
         "xorbitsai-inference-1847.txt": "an embedding model on the same card is not read as another process",
     },
 }

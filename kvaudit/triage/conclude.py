@@ -834,7 +834,7 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
     cause, text, actions, rec_u, rec_kv = _cause(ev, values, T, u)
     headline = f"The allocation is not the cause: {why}; {text}"
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
-                  ask_for=tuple(dict.fromkeys(_asks(terms := _deciding(ev) if cause == "unknown" else [])
+                  ask_for=tuple(dict.fromkeys(_asks(terms := _deciding(ev, values) if cause == "unknown" else [])
                                               + list(missing))),
                   recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
                   cause=cause, phase=phase_of(ev), deciding=tuple(terms))
@@ -873,7 +873,7 @@ def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], 
                   ask: list[str] | None = None, deciding: bool = True, **more: Any) -> Triage:
     """The answer that cannot conclude: what decides first (the caller's question, else the ledger's missing terms,
     ``_deciding``; none where what is missing is vLLM's planner here), then what the deployment lacks."""
-    terms = _deciding(ev) if deciding and not ask else []
+    terms = _deciding(ev, values) if deciding and not ask else []
     ask_for = (list(ask) if ask else _asks(terms)) + list(missing)
     if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:
         ask_for.append("the whole traceback of the out-of-memory error (which function allocated)")
@@ -895,26 +895,40 @@ DECIDING_COMPONENT = ("the KV connector's release and its settings (its `kv_tran
                       "configuration: the CPU or pinned buffers it allocates, any GPU staging buffers): what it "
                       "allocates on the device is outside vLLM's budget and must fit in what the utilization leaves "
                       "free; what it allocates on the host must fit in the host's RAM")
-DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT}
+DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit assumed vLLM's default 0.9): it sets "
+                   "vLLM's budget, and the headroom left for everything outside it")
+DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT,
+            "budget": DECIDING_BUDGET}
 _SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
-         "component": "the KV connector's own allocations"}
+         "component": "the KV connector's own allocations", "budget": "the utilization the engine ran with"}
 """The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
 asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
 the memory held outside the process (the smi table), and a KV connector's own allocations (its release and
 settings), which vLLM's budget does not hold."""
 
 
-def _deciding(ev: Evidence) -> list[str]:
+def _deciding(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     """The ledger terms (``DECIDING``) that decide the verdict and the report lacks, first in what to ask: the failing
     allocation where no torch line shows it (whether or not the report says the device ran out), the memory outside
     this process where neither that line nor a smi table tells it, and with either, the KV connector's own
-    allocations where the report runs one and the failing frames do not show them."""
+    allocations where the report runs one and the failing frames do not show them. Where the figures show what was
+    held outside and nothing breaks, the utilization decides if the report does not state it."""
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
     terms = _runtime_terms(ev)
     if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
+    u = values.get("gpu_memory_utilization")
+    if not terms and _figures_shown(ev) and (u is None or u.source.startswith("assumed")):
+        return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
     return terms
+
+
+def _figures_shown(ev: Evidence) -> bool:
+    """Whether the report shows what was held when it ran out: torch's line with the memory outside the process, or a
+    smi table."""
+    oom = ev.value("oom")
+    return (oom is not None and oom.held_outside is not None) or ev.first("device_process_mb", "hbm_used_mb") is not None
 
 
 def _runtime_terms(ev: Evidence) -> list[str]:
@@ -928,6 +942,11 @@ def _runtime_terms(ev: Evidence) -> list[str]:
     if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
         return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
     return []
+
+
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _asks(terms: list[str]) -> list[str]:
@@ -1086,7 +1105,7 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
                   header, tuple(actions),
-                  tuple(dict.fromkeys(_asks(terms := _deciding(ev) if cause == "unknown" else []) + list(missing))),
+                  tuple(dict.fromkeys(_asks(terms := _deciding(ev, values) if cause == "unknown" else []) + list(missing))),
                   rec_u, rec_kv, fixed_in,
                   cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited),
                   deciding=tuple(terms))
@@ -1402,9 +1421,9 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
                        "device keeps a few GiB free.")
     else:
         cause = "unknown"
-        terms = _deciding(ev)
+        terms = _deciding(ev, values)
         text = ("nothing in the allocator to fix; the cause rests on ledger terms the report does not show: "
-                + " and ".join(_SAID[t] for t in terms) + " (asked for below)." if terms
+                + _listed([_SAID[t] for t in terms]) + " (asked for below)." if terms
                 else f"nothing in the allocator to fix; {CAUSES[cause]}.")
     shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
     if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
