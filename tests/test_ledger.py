@@ -161,6 +161,8 @@ def test_the_program_vllm_runs_inside_is_the_outermost_other_package_above_vllms
     from kvaudit.triage.evidence import _package
 
     assert _package("/verl/verl/workers/fsdp_workers.py") == "verl"  # a source checkout: the folder twice
+    assert _package("/home/u/.cache/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_5ce9/openrlhf/cli/"
+                    "train_ppo_ray.py") == "openrlhf"  # a Ray job's working_dir (TideDra/lmm-r1#43)
     oom = (ROOT / "fixtures/reports/develop/QwenLM-Qwen3-187.txt").read_text().splitlines()[3]
     frame = '  File "{}", line 10, in {}\n    x = f()\n'
     host = ("Traceback (most recent call last):\n" + frame.format("/verl/verl/workers/fsdp_workers.py", "generate")

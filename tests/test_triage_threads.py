@@ -187,7 +187,6 @@ MISSED_LATER = {
         "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",
     },
     "held-out-5": {
-        "TideDra-lmm-r1-43.txt": "a trainer on the same GPU at vLLM's wake_up is not read as another process",
         "verl-project-verl-224.txt": "host RAM too small for an RL job, stated as the fix, not in the report",
         "verl-project-verl-3339.txt": "a framework's eager-mode switch that fixed it is not in the report",
         "vllm-42049.txt": "a torch release's allocator regression, read as weights",

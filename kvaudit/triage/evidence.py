@@ -1138,7 +1138,9 @@ _RUNTIME = {"torch", "torch_npu", "vllm", "vllm_ascend", "triton", "transformers
 
 def _package(path: str) -> str | None:
     """The package a traceback frame's file belongs to (``.../site-packages/lmcache/v1/...`` -> ``lmcache``; a source
-    checkout's ``.../vllm/v1/worker/...`` -> ``vllm``), or ``None`` for a script of the reporter's."""
+    checkout's ``.../vllm/v1/worker/...`` -> ``vllm``, ``/verl/verl/...`` -> ``verl``; a Ray job's working_dir,
+    ``.../runtime_resources/working_dir_files/_ray_pkg_<hash>/openrlhf/...`` -> ``openrlhf``), or ``None`` for a
+    script of the reporter's."""
     parts = path.replace("\\", "/").split("/")
     for marker in ("site-packages", "dist-packages"):
         if marker in parts and parts.index(marker) + 1 < len(parts):
@@ -1147,6 +1149,9 @@ def _package(path: str) -> str | None:
         if known in parts[:-1]:
             return known
     folders = parts[:-1]
+    for outer, inner in zip(folders, folders[1:]):
+        if outer.startswith("_ray_pkg_") and inner.isidentifier():  # a Ray job's working_dir, unpacked by Ray
+            return inner
     for outer, inner in zip(folders, folders[1:]):  # a source checkout: ``/verl/verl/workers/...``
         if outer == inner and inner.isidentifier():
             return inner
