@@ -290,3 +290,16 @@ def test_where_the_figures_show_what_was_held_outside_the_unstated_utilization_d
     assert (t.cause, t.deciding) == ("unknown", ("budget",)) and t.ask_for[0] == DECIDING_BUDGET
     t = _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="71.00"))
     assert t.cause == "another-process" and t.deciding == ()
+
+
+def test_a_second_llm_in_one_python_paste_is_a_second_engine_but_not_across_two_code_blocks():
+    """vllm-project/vllm-ascend#449 pastes one sample twice, each in its own code block: two programs, not a second
+    engine beside the first."""
+    engine = '    llm = LLM(model="/models/Qwen2.5-7B-Instruct", tensor_parallel_size=1)'
+    one = "\n".join(["```python", "from vllm import LLM", engine, "del llm", engine, "```",
+                     "torch.OutOfMemoryError: CUDA out of memory."])
+    t = triage(one)
+    assert t.cause == "another-process" and "second engine in the same process" in t.headline
+    two = "\n".join(["```python", "from vllm import LLM", engine, "```", "and again:", "```python", engine, "```",
+                     "torch.OutOfMemoryError: CUDA out of memory."])
+    assert triage(two).cause != "another-process"

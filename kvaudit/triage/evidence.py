@@ -1106,12 +1106,14 @@ def _outcome(lines: list[str], first: int, last: int) -> str | None:
 
 def _launches(ev: Evidence, commands: list[_Command], lines: list[str]) -> None:
     """The launch that failed sets the deployment; a launch the paste says works is evidence; a second ``LLM(...)`` in
-    one Python paste is a second engine in the same process."""
+    one Python paste (no code fence between them) is a second engine in the same process."""
     if not commands:
         return
     engines = [c for c in commands if _LLM_ENGINE.search(c.text)]
-    if len(engines) >= 2:
-        ev.add("second_engine", engines[1].line, engines[1].line, engines[1].text)
+    for first, second in zip(engines, engines[1:]):  # (two code blocks are two programs, not one)
+        if not any(lines[k].lstrip().startswith(("```", "~~~")) for k in range(first.line, second.line - 1)):
+            ev.add("second_engine", second.line, second.line, second.text)
+            break
     titled = {f.line for f in ev.all("title")}
     errors = sorted(f.line for f in ev.all("oom") + ev.all("oom_mentioned") + ev.all("kv_capacity_error")
                     if f.line not in titled)
