@@ -303,3 +303,15 @@ def test_a_second_llm_in_one_python_paste_is_a_second_engine_but_not_across_two_
     two = "\n".join(["```python", "from vllm import LLM", engine, "```", "and again:", "```python", engine, "```",
                      "torch.OutOfMemoryError: CUDA out of memory."])
     assert triage(two).cause != "another-process"
+
+
+@pytest.mark.parametrize("sentence, grows", [
+    ("GPU memory keeps growing with every request until it runs out of memory", True),
+    ("显存占用持续上涨，最终 OOM", True),
+    ("Memory consumption climbs steadily at a rate of ~0.1GB per inference iteration, then OOM", True),
+    ("memory leak in v0.2.7, then out of memory", False),  # vllm#2345: the host's RAM, as the thread found
+])
+def test_memory_that_grows_is_the_devices_only_where_the_sentence_places_or_measures_it(sentence, grows):
+    t = _cause("vllm serve /models/x\n" + sentence)
+    assert (t.cause == "memory-growth") is grows
+    assert grows or "failing allocation" in t.deciding

@@ -167,7 +167,6 @@ MISSED_LATER = {
     },
     "held-out-3": {
         "vllm-1573.txt": "a derived max model len the report does not state",
-        "vllm-27174.txt": "'Potentially a memory leak?' is read as growth; the thread asked for logs",
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
         "vllm-50159.txt": "Model Runner V2 named reads as its default change; the thread names the load",
         "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",

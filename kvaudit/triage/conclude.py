@@ -1356,9 +1356,9 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = f"the device ran out because another process holds {held}, outside vLLM's profile."
         actions.append("Free the device (stop the other process, or give each service its own devices), or lower "
                        "`--gpu-memory-utilization` by the other process's share of the device.")
-    elif ev.first("memory_growth") is not None:
+    elif (grows := next((f for f in ev.all("memory_growth") if _DEVICE_GROWTH.search(f.text)), None)) is not None:
         cause = "memory-growth"
-        text = (f"{CAUSES[cause]} ({_where(ev.first('memory_growth'), 120)}): the KV cache is allocated once at start-up, "  # type: ignore[arg-type]
+        text = (f"{CAUSES[cause]} ({_where(grows, 120)}): the KV cache is allocated once at start-up, "  # type: ignore[arg-type]
                 "so memory that keeps growing is held by something else (caches of inputs, a leak in a release).")
         actions.append("Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a release "
                        "that fixes the leak, or restart the engine periodically; a lower `--gpu-memory-utilization` buys "
@@ -1444,6 +1444,11 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         actions.append("Nothing in the allocator to fix; if memory use still looks wrong, compare "
                        "`npu-smi info`/`nvidia-smi` with the 'device memory in use' prediction above.")
     return cause, text, actions, rec_u, rec_kv
+
+
+_DEVICE_GROWTH = re.compile(r"\b(?:gpu|npu|vram|hbm|cuda|device)\b|显存|\d(?:\.\d+)?\s*(?:[GM]i?B?|g)\b", re.IGNORECASE)
+"""A sentence about growing memory that places it on the device (it names the device's memory) or measures it: a
+bare "memory leak" may be the host's, and decides nothing about the device's ledger."""
 
 
 def _weights(values: dict[str, Sourced]) -> tuple[int, str] | None:
