@@ -594,3 +594,11 @@ def test_a_lower_utilization_recommended_is_planned_again_against_one_request():
     t = triage((ROOT / "fixtures/reports/threads/vllm-15598.txt").read_text())
     assert any(a.startswith("Planned again at `--gpu-memory-utilization 0.974`") and "still holds one request of "
                "16,384 tokens" in a for a in t.actions)
+
+
+def test_lscpus_model_name_in_collect_env_names_the_cpu_not_the_model():
+    """vllm-project/vllm-ascend#6299 pastes collect_env.py's CPU section: "Model name: Kunpeng-920" is lscpu's."""
+    cpu = ["CPU:", "Architecture:                    aarch64", "CPU op-mode(s):                  64-bit",
+           "Vendor ID:                       HiSilicon", "Model name:                      Kunpeng-920"]
+    assert extract(clean_lines("\n".join(cpu))).value("model_prose") is None
+    assert extract(clean_lines("Model name: Qwen2.5-7B-Instruct")).value("model_prose") == "Qwen2.5-7B-Instruct"

@@ -274,6 +274,8 @@ _MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:/?(
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
                             r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
+_LSCPU = re.compile(r"^\s*(?:Architecture|CPU op-mode\(s\)|Vendor ID|BIOS Vendor ID|CPU\(s\)):", re.MULTILINE)
+"""The fields lscpu prints before "Model name:" (the CPU's), as collect_env.py's CPU section pastes them."""
 _PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
                           r"`?(?P<v>[A-Za-z0-9_./-]*[A-Za-z][A-Za-z0-9_./-]*)(?![A-Za-z0-9_./-]|://)", re.IGNORECASE)
 def _gib(m: re.Match) -> int:
@@ -632,6 +634,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             stated.extend((n, key, value) for key, value in stated_settings(said).facts)
         if "model" in low or "模型" in line:
             for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
+                if rx is _PROSE_MODEL and _LSCPU.search("\n".join(lines[max(0, n - 12):n - 1])):
+                    continue  # lscpu's "Model name:" in collect_env's CPU section names the CPU, not the model
                 if m := rx.search(line):
                     ev.add("model_prose" if rx is _PROSE_MODEL else "model", m["v"], n, line)
                     break
