@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from kvaudit.triage.conclude import MATCHES_PLAN, PLAN_NOT_INVOLVED, triage
+from kvaudit.triage.evidence import clean_lines, extract
 from conftest import ROOT
 
 pytestmark = pytest.mark.fast
@@ -315,3 +316,24 @@ def test_memory_that_grows_is_the_devices_only_where_the_sentence_places_or_meas
     t = _cause("vllm serve /models/x\n" + sentence)
     assert (t.cause == "memory-growth") is grows
     assert grows or "failing allocation" in t.deciding
+
+
+def test_an_oom_with_no_traceback_happened_in_the_step_after_the_furthest_start_up_step_logged():
+    """vLLM's start-up as it logs it: the weights loaded, then the profile run; graph capture begun; graphs captured,
+    then serving. Workers' lines interleave (vllm#15598: one worker's "Capturing cudagraphs" above another's weights
+    line), so the furthest step counts, not the last line."""
+    from kvaudit.triage.conclude import phase_of
+
+    loaded = "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 14.5 GiB memory and 20.1 seconds"
+    capture = "INFO 01-23 15:50:40 [gpu_model_runner.py:2100] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
+    done = "INFO 01-23 15:50:59 [gpu_model_runner.py:2200] Graph capturing finished in 19 secs, took 0.52 GiB"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+    def phase(*lines: str) -> str | None:
+        return phase_of(extract(clean_lines("\n".join(lines))))
+
+    assert phase(loaded, oom) == "memory profiling"
+    assert phase(loaded, capture, oom) == "CUDA/ACL graph capture"
+    assert phase(loaded, capture, done, oom) == "serving requests"
+    assert phase(capture, loaded, oom) == "CUDA/ACL graph capture"  # interleaved workers
+    assert phase(oom, loaded) is None  # logged after the error: not the step it happened in

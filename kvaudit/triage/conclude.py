@@ -842,20 +842,44 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
 
 def phase_of(ev: Evidence) -> str | None:
     """The phase the report's error happened in: the out-of-memory traceback's, else the last
-    traceback's, else graph capture when "Capturing cudagraphs" was the last step logged before an
-    out-of-memory error, or where the reporter says the device ran out while graphs were captured."""
+    traceback's, else the phase after the last start-up step logged before an out-of-memory error
+    (``STARTUP_STEPS``), or where the reporter says the device ran out while graphs were captured."""
     found = ev.first("oom_phase", "error_phase")
     if found is not None:
         return found.value
     oom = ev.first("oom", "oom_mentioned")
-    start = ev.first("capture_started")
-    if oom is not None and start is not None or ev.first("capture_oom") is not None:
+    logged = _logged_phase(ev)
+    if logged is not None and oom is not None:
+        return logged
+    if ev.first("capture_oom") is not None:
         return "CUDA/ACL graph capture"
     if ev.first("serving_oom") is not None:  # "test latency with input 20 000, service shows oom"
         return "serving requests"
     if ev.first("kv_capacity_error") is not None:  # vLLM's own refusal is raised where it plans the KV cache
         return "kv-cache planning"
     return None
+
+
+STARTUP_STEPS = (
+    (("weights", "profiled_weights"), "memory profiling"),
+    (("capture_started",), "CUDA/ACL graph capture"),
+    (("captured", "served"), "serving requests"),
+)
+"""vLLM's start-up as it logs it, in order (``Worker.load_model``, then ``determine_available_memory``'s profile run,
+then graph capture, then serving): the facts of the lines that end or begin a step, and the phase that runs after
+them. The KV cache's lines ("Available KV cache memory", "GPU KV cache size", "# GPU blocks") are left out: V0 and V1
+log them before and after the allocation."""
+
+
+def _logged_phase(ev: Evidence) -> str | None:
+    """The phase an out-of-memory error with no traceback happened in, from the furthest start-up step logged before
+    it (the first such error outside the title; where only the title says so, anywhere in the report)."""
+    titled = {f.line for f in ev.all("title")}
+    errors = sorted(f.line for f in ev.all("oom") + ev.all("oom_mentioned") if f.line not in titled)
+    at = errors[0] if errors else None
+    reached = [i for i, (keys, _) in enumerate(STARTUP_STEPS) for key in keys for f in ev.all(key)
+               if at is None or f.line < at]
+    return STARTUP_STEPS[max(reached)][1] if reached else None  # (the furthest step: workers' lines interleave)
 
 
 def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> None:
@@ -1331,6 +1355,13 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         text = (f"the device ran out because {CAUSES[cause]}: {fmt_bytes(weights[0])} per rank ({weights[1]}) on a "  # type: ignore[index]
                 f"{fmt_bytes(T)} device.")
         actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
+    elif over_share and not running and phase in (None, "weight loading", "memory profiling", "kv-cache planning"):
+        cause = "weights"
+        text = (f"{CAUSES[cause]}: at `--gpu-memory-utilization {u}` vLLM may use {fmt_bytes(int(u * T))} of the "
+                f"{fmt_bytes(T)} device, and the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]}).")  # type: ignore[index]
+        rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]
+        actions.append(f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights "
+                       "room and some for the KV cache), or spread the weights with a larger TP.")
     elif (host := ev.first("host_package")) is not None and phase in (None, "kv-cache allocation"):
         cause = "outside-budget"
         name = host.value
@@ -1396,13 +1427,6 @@ def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
         cause = "budget-did-not-fit"
         text = (f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's profile "
                 f"(non-torch allocations, another process) or a utilization too close to 1.")
-    elif over_share:
-        cause = "weights"
-        text = (f"{CAUSES[cause]}: at `--gpu-memory-utilization {u}` vLLM may use {fmt_bytes(int(u * T))} of the "
-                f"{fmt_bytes(T)} device, and the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]}).")  # type: ignore[index]
-        rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]
-        actions.append(f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights "
-                       "room and some for the KV cache), or spread the weights with a larger TP.")
     elif u <= 0.5 and not values["gpu_memory_utilization"].source.startswith("assumed") and (
             oom is not None or ev.first("oom_mentioned") is not None):
         cause = "no-room-for-kv-cache"
