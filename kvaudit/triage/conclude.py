@@ -1241,214 +1241,346 @@ def _allocator_finding(cand: _Candidate, r: Any, fixed: tuple[_Candidate, Any] |
     return headline, actions, rec_u, rec_kv, fixed_in
 
 
+@dataclass
+class _Case:
+    """What the cause of a report whose allocation matches the plan is read from: its facts and settings, the
+    device's memory ``T`` and the utilization ``u``, and what follows from them, computed once."""
+
+    ev: Evidence
+    values: dict[str, Sourced]
+    T: int | None
+    u: float
+    oom: Any
+    phase: str | None
+    weights: tuple[int, str] | None
+    A: int | None
+    """The KV budget, as the report logs it or kvaudit derives it."""
+    breach: Any
+    """The inequality the report's own figures break (``kvaudit.triage.ledger.Breach``), if any."""
+    running: bool
+    """The deployment got past start-up: it captured graphs, served, or its memory grew while serving."""
+
+    @property
+    def capacity(self) -> Fact | None:
+        return self.ev.first("kv_capacity_error")
+
+    @property
+    def no_room(self) -> bool:
+        return (self.A is not None and self.A <= 0
+                or self.capacity is not None and "No available memory" in self.capacity.text)
+
+    @property
+    def stated_u(self) -> bool:
+        return not self.values["gpu_memory_utilization"].source.startswith("assumed")
+
+
+@dataclass
+class _Finding:
+    """A cause (a key of ``CAUSES``), the sentence that says why, what to do, and a utilization that fixes it."""
+
+    cause: str
+    text: str
+    actions: list[str] = field(default_factory=list)
+    rec_u: float | None = None
+
+
+def _mamba_states(c: _Case) -> _Finding | None:
+    if c.capacity is None or "Mamba cache blocks" not in c.capacity.text:
+        return None
+    cause = "budget-too-small-for-max-num-seqs"
+    return _Finding(cause, f"vLLM refused to start because {CAUSES[cause]} ({_where(c.capacity, 120)}).", [
+        "Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory (a higher "
+        "`--gpu-memory-utilization`, a larger TP)."])
+
+
+def _no_room(c: _Case) -> _Finding | None:
+    if not c.no_room or (_changes(c.ev) and release_pair(c.ev)):
+        return None
+    cause, T, u, A, weights = "no-room-for-kv-cache", c.T, c.u, c.A, c.weights
+    share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
+    text = ((f"vLLM refused to start because {CAUSES[cause]}" if c.capacity is not None else
+             f"the KV budget vLLM logged is not positive: {CAUSES[cause]}") + f" ({share}"
+            + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
+            + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
+    found = _Finding(cause, text, [
+        "Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "
+        "`--tensor-parallel-size`, a smaller or quantized model, or a smaller profile batch "
+        "(`--max-num-batched-tokens`, `--max-num-seqs`)."])
+    if A is not None and A <= 0 and T:
+        rec_u = round(u + (-A + (2 << 30)) / T, 2)  # the shortfall and 2 GiB of KV cache
+        if rec_u <= 0.95:
+            found.rec_u = rec_u
+            found.actions.append(f"The budget is short by {fmt_bytes(-A)}: `--gpu-memory-utilization {rec_u}` "
+                                 "leaves about 2 GiB for the KV cache, if the device has that room.")
+    return found
+
+
+def _short_of_one_request(c: _Case) -> _Finding | None:
+    if c.capacity is None or c.no_room:
+        return None
+    ev, cause = c.ev, "budget-too-small-for-max-model-len"
+    est = ev.first("estimated_max_model_len")
+    need, have = ev.value("kv_needed"), ev.value("available_kv")
+    mml = c.values["max model len"].value or ev.value("max_model_len")
+    found = _Finding(cause, f"vLLM refused to start because {CAUSES[cause]} ("
+                     + (f"{mml:,} tokens" if isinstance(mml, int) else "the report gives no max model length")
+                     + (f": {fmt_bytes(need)} needed, {fmt_bytes(have)} available" if need and have else "") + ").")
+    if est is not None:
+        found.actions.append(f"`--max-model-len {est.value}` (vLLM's own estimate, {_where(est, 80)}), or more memory "
+                             "for the KV cache (a higher `--gpu-memory-utilization`, a larger TP).")
+    else:
+        found.actions.append("Lower `--max-model-len`, or give the KV cache more memory: a higher "
+                             "`--gpu-memory-utilization` or a larger TP.")
+    if need and have and c.T and need > have:  # (figures of two lines that disagree give no advice)
+        rec_u = round(min(1.0, c.u + (need - have) / c.T + 0.0005), 3)
+        if 0.0 < rec_u < 1.0:
+            found.rec_u = rec_u
+            found.actions.append(f"At this max model len the budget must grow by {fmt_bytes(need - have)}: "
+                                 f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
+    return found
+
+
+def _component(c: _Case) -> _Finding | None:
+    if c.breach is None or c.breach.cause != "outside-budget":
+        return None
+    cause, name = c.breach.cause, c.ev.value("oom_package")
+    return _Finding(cause, f"the device ran out in {name}'s code: {c.breach.inequality}. {CAUSES[cause][0].upper()}"
+                    f"{CAUSES[cause][1:]}: vLLM's profile does not see it, so the KV cache took the room it needed.", [
+                        f"Leave {name} its memory: lower `--gpu-memory-utilization` by what {name} allocates on the "
+                        f"device (its buffer settings), or move its buffers off the device; then check {name}'s "
+                        "release notes for the allocation that failed."])
+
+
+def _release_change(c: _Case) -> _Finding | None:
+    changes, pair = _changes(c.ev), release_pair(c.ev)
+    if not changes or pair is None:
+        return None
+    last = changes[-1]
+    return _Finding(last.cause, f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
+                    f"({_where(c.ev.first('release_fails'), 100)}): from {last.release} on, {last.what} "  # type: ignore[arg-type]
+                    f"({last.source})." + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
+                        f"{x.release}: {x.what}" for x in changes[:-1]) + "."),
+                    [last.fix[0].upper() + last.fix[1:] + "."])
+
+
+def _named_change(c: _Case) -> _Finding | None:
+    named = [(x, f) for f in c.ev.all("change_named") for x in CHANGES if x.release == f.value and x.named_by]
+    if not named:
+        return None
+    x, f = named[-1]
+    return _Finding(x.cause, f"the report names {_where(f, 100)}: from {x.release} on, {x.what} ({x.source}).",
+                    [x.fix[0].upper() + x.fix[1:] + "."])
+
+
+def _device_selection(c: _Case) -> _Finding | None:
+    f = c.ev.first("cvd_after_import")
+    if f is None:
+        return None
+    cause = "device-selection"
+    return _Finding(cause, f"the device ran out because {CAUSES[cause]} ({_where(f, 80)}): the engine used the first "
+                    "visible device, which other work may hold.",
+                    ["Set CUDA_VISIBLE_DEVICES in the shell, or before the first `import torch` / `import vllm`."])
+
+
+def _second_engine(c: _Case) -> _Finding | None:
+    second = c.ev.first("second_engine")
+    if second is None:
+        return None
+    return _Finding("another-process", f"the paste starts a second engine in the same process ({_where(second, 100)}): "
+                    "the first engine's weights and KV cache are still held (a new `LLM` does not free the old one), "
+                    "outside the new engine's profile.", [
+                        "Free the first engine before the second (`del llm`, `gc.collect()`, `torch.cuda.empty_cache()`, "
+                        "and vLLM's distributed cleanup), or run each model in its own process."])
+
+
+def _not_released(c: _Case) -> _Finding | None:
+    kept = c.ev.first("not_released")
+    if kept is None:
+        return None
+    return _Finding("another-process", f"the device ran out because memory was not released ({_where(kept, 120)}): "
+                    "what an earlier engine or request left behind is held outside vLLM's profile.", [
+                        "Free what is held (a fix of the release path, or a restart) before planning the next engine; "
+                        "until then, leave room for it with a lower `--gpu-memory-utilization`."])
+
+
+def _weights_over_device(c: _Case) -> _Finding | None:
+    if c.weights is None or not c.T or c.weights[0] <= c.T or c.running:
+        return None
+    cause = "weights"
+    return _Finding(cause, f"the device ran out because {CAUSES[cause]}: {fmt_bytes(c.weights[0])} per rank "
+                    f"({c.weights[1]}) on a {fmt_bytes(c.T)} device.",
+                    ["Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint."])
+
+
+def _weights_over_budget(c: _Case) -> _Finding | None:
+    if (c.weights is None or not c.T or not c.u or c.weights[0] <= c.u * c.T or c.running
+            or c.phase not in (None, "weight loading", "memory profiling", "kv-cache planning")):
+        return None
+    cause, (w, how) = "weights", c.weights
+    rec_u = min(0.9, round((w / c.T) + 0.1, 2))
+    return _Finding(cause, f"{CAUSES[cause]}: at `--gpu-memory-utilization {c.u}` vLLM may use "
+                    f"{fmt_bytes(int(c.u * c.T))} of the {fmt_bytes(c.T)} device, and the weights alone take "
+                    f"{fmt_bytes(w)} per rank ({how}).", [
+                        f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights room "
+                        "and some for the KV cache), or spread the weights with a larger TP."], rec_u)
+
+
+def _host_program(c: _Case) -> _Finding | None:
+    host = c.ev.first("host_package")
+    if host is None or c.phase not in (None, "kv-cache allocation"):
+        return None
+    cause, name, u, T = "outside-budget", host.value, c.u, c.T
+    left = f" ({fmt_bytes(int((1 - u) * T))} of {fmt_bytes(T)})" if T else ""
+    return _Finding(cause, f"vLLM runs inside {name} ({_where(host, 100)}), and the device ran out as vLLM allocated "
+                    f"what its plan holds within {u} of the device: {name}'s own tensors on this device (a trainer's "
+                    f"weights, gradients, optimizer state) are outside vLLM's budget, which leaves them only 1 − "
+                    f"{u}{left}. {CAUSES[cause][0].upper()}{CAUSES[cause][1:]}.", [
+                        f"Give {name} its share of the device: a lower vLLM `gpu_memory_utilization` in {name}'s "
+                        f"settings, so that it plus what {name} holds stays under the device; or free or offload "
+                        f"{name}'s tensors before vLLM allocates (its offload options, vLLM's sleep mode)."])
+
+
+def _another_process(c: _Case) -> _Finding | None:
+    ev = c.ev
+    others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
+    other, startup = ev.first("other_process"), ev.first("startup_free")
+    over = c.breach is not None and c.breach.cause == "another-process"
+    if others:
+        held = f"{max(o.value for o in others):,} MB ({_where(others[0], 100)})"
+    elif other:
+        held = f"{fmt_bytes(other.value)} ({_where(other, 100)})"
+    elif over:
+        held = f"more than the utilization leaves it ({c.breach.inequality})"
+    elif startup is not None and c.T and startup.value < c.u * c.T:
+        held = f"all but {fmt_bytes(startup.value)} free at start-up ({_where(startup, 100)})"
+    else:
+        return None
+    return _Finding("another-process", f"the device ran out because another process holds {held}, outside vLLM's "
+                    "profile.", ["Free the device (stop the other process, or give each service its own devices), or "
+                                 "lower `--gpu-memory-utilization` by the other process's share of the device."])
+
+
+def _device_growth(c: _Case) -> _Finding | None:
+    grows = next((f for f in c.ev.all("memory_growth") if _DEVICE_GROWTH.search(f.text)), None)
+    if grows is None:
+        return None
+    cause = "memory-growth"
+    return _Finding(cause, f"{CAUSES[cause]} ({_where(grows, 120)}): the KV cache is allocated once at start-up, so "
+                    "memory that keeps growing is held by something else (caches of inputs, a leak in a release).", [
+                        "Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a "
+                        "release that fixes the leak, or restart the engine periodically; a lower "
+                        "`--gpu-memory-utilization` buys time."])
+
+
+def _graphs_at_a_high_utilization(c: _Case) -> _Finding | None:
+    if c.phase != "CUDA/ACL graph capture" or c.u <= 0.95 or not c.stated_u or c.ev.first("eager_works") is not None:
+        return None
+    cause = "utilization-too-high"
+    return _Finding(cause, f"the device ran out capturing graphs at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} "
+                    "(the graphs are captured after the KV cache takes its share).", [
+                        "Lower `--gpu-memory-utilization` (vLLM's default is 0.9) to leave the graphs room, or "
+                        "`--enforce-eager` at some decode speed."])
+
+
+def _graphs(c: _Case) -> _Finding | None:
+    eager = c.ev.first("eager_works")
+    if c.phase != "CUDA/ACL graph capture" and eager is None:
+        return None
+    cause = "graph-capture"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}" + (
+        f" (the report says it works with --enforce-eager: {_where(eager, 80)})" if eager else "") + ".", [
+        "Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` (fewer capture "
+        "sizes), or `--enforce-eager` at some decode speed."])
+
+
+def _serving(c: _Case) -> _Finding | None:
+    if c.phase != "serving requests" and not (c.phase is None and c.ev.first("serving_oom") is not None):
+        return None
+    cause = "activations-while-serving"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
+        "Leave activations room: a lower `--gpu-memory-utilization`, or smaller `--max-num-batched-tokens` / "
+        "`--max-num-seqs`; very long prompts need chunked prefill."])
+
+
+def _profiling(c: _Case) -> _Finding | None:
+    if c.phase != "memory profiling":
+        return None
+    cause = "memory-profiling"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
+        "Lower `--max-num-batched-tokens` or `--max-num-seqs` (the profile run's batch), or free the device of other "
+        "memory."])
+
+
+def _loading(c: _Case) -> _Finding | None:
+    if c.phase != "weight loading" and not (c.weights is not None and c.T and c.weights[0] > c.T):
+        return None
+    cause = "weights"
+    size = f" ({c.weights[1]})" if c.weights is not None else ""
+    return _Finding(cause, f"the device ran out during weight loading: {CAUSES[cause]} at this TP{size}.",
+                    ["Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint."])
+
+
+def _kv_allocation(c: _Case) -> _Finding | None:
+    if c.phase != "kv-cache allocation":
+        return None
+    cause = "budget-did-not-fit"
+    return _Finding(cause, f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's "
+                    "profile (non-torch allocations, another process) or a utilization too close to 1.")
+
+
+def _small_utilization(c: _Case) -> _Finding | None:
+    if c.u > 0.5 or not c.stated_u or (c.oom is None and c.ev.first("oom_mentioned") is None):
+        return None
+    source = c.values["gpu_memory_utilization"].source
+    return _Finding("no-room-for-kv-cache", f"the report sets `--gpu-memory-utilization {c.u}` ({_short(source, 90)}): "
+                    "vLLM keeps weights, activations and the KV cache within that share of the device, and a share "
+                    "this small leaves it no room.", [
+                        "Raise `--gpu-memory-utilization` toward vLLM's default 0.9 (what the device has free); to "
+                        "share a device, give each engine its share and keep their sum under 1."])
+
+
+def _high_utilization(c: _Case) -> _Finding | None:
+    works = [f for f in c.ev.all("util_works") if f.value < c.u]
+    if c.u < 0.95 and not works:
+        return None
+    cause = "utilization-too-high"
+    return _Finding(cause, f"the device ran out at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} (non-torch "
+                    "allocations, communication buffers, fragmentation)" + (
+                        f"; the report says {max(w.value for w in works)} works ({_where(works[0], 80)})"
+                        if works else "") + ".", [
+                        "Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
+                        "device keeps a few GiB free."])
+
+
+FINDINGS = (_mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
+            _device_selection, _second_engine, _not_released, _weights_over_device, _weights_over_budget,
+            _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _serving,
+            _profiling, _loading, _kv_allocation, _small_utilization, _high_utilization)
+"""The causes of an allocation that matches the plan, in the order they are tried: vLLM's own refusals and the
+inequality the report's figures break first, then what the report says changed or what else holds the device, then
+the term the phase allocates, then what the utilization alone suggests. The first that holds is the answer; where none
+does, the cause is undecided and the deciding terms are named (``_deciding``)."""
+
+
 def _cause(ev: Evidence, values: dict[str, Sourced], T: int | None,
            u: float) -> tuple[str, str, list[str], float | None, int | None]:
     """What the numbers point to when the allocator is not the cause (device memory ``T``, utilization
-    ``u``), and what to do about it."""
+    ``u``), and what to do about it: the first of ``FINDINGS`` that holds, with the utilization that frees what the
+    failing allocation lacked."""
     oom = ev.value("oom")
     phase = phase_of(ev)
-    weights = _weights(values)
     budget = values.get("KV budget")
-    A = budget.value if budget is not None else None
-    actions: list[str] = []
-    rec_u = rec_kv = None
-    others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
-    other = ev.first("other_process")
-    kept = ev.first("not_released")
-    startup = ev.first("startup_free")
-    capacity = ev.first("kv_capacity_error")
-    changes = _changes(ev)
-    pair = release_pair(ev)
-    named = [(c, f) for f in ev.all("change_named") for c in CHANGES if c.release == f.value and c.named_by]
-    breach = _ledger_breach(ev, values, u, phase)  # the inequality the report's own figures break, if any
-    running = ev.first("served", "captured", "memory_growth", "serving_oom") is not None or phase in (
-        "CUDA/ACL graph capture", "serving requests")
-    over_device = weights is not None and T and weights[0] > T and not running
-    over_share = weights is not None and T and u and weights[0] > u * T
-    no_room = A is not None and A <= 0 or capacity is not None and "No available memory" in capacity.text
-    if capacity is not None and "Mamba cache blocks" in capacity.text:
-        cause = "budget-too-small-for-max-num-seqs"
-        text = f"vLLM refused to start because {CAUSES[cause]} ({_where(capacity, 120)})."
-        actions.append("Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory "
-                       "(a higher `--gpu-memory-utilization`, a larger TP).")
-    elif no_room and not (changes and pair):
-        cause = "no-room-for-kv-cache"
-        share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
-        text = ((f"vLLM refused to start because {CAUSES[cause]}" if capacity is not None else
-                 f"the KV budget vLLM logged is not positive: {CAUSES[cause]}") + f" ({share}"
-                + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
-                + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
-        actions.append("Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "
-                       "`--tensor-parallel-size`, a smaller or quantized model, or a smaller profile batch "
-                       "(`--max-num-batched-tokens`, `--max-num-seqs`).")
-        if A is not None and A <= 0 and T:
-            rec_u = round(u + (-A + (2 << 30)) / T, 2)  # the shortfall and 2 GiB of KV cache
-            if rec_u <= 0.95:
-                actions.append(f"The budget is short by {fmt_bytes(-A)}: `--gpu-memory-utilization {rec_u}` leaves "
-                               "about 2 GiB for the KV cache, if the device has that room.")
-            else:
-                rec_u = None
-    elif capacity is not None and not no_room:
-        cause = "budget-too-small-for-max-model-len"
-        est = ev.first("estimated_max_model_len")
-        need, have = ev.value("kv_needed"), ev.value("available_kv")
-        mml = values["max model len"].value or ev.value("max_model_len")
-        text = (f"vLLM refused to start because {CAUSES[cause]} ("
-                + (f"{mml:,} tokens" if isinstance(mml, int) else "the report gives no max model length")
-                + (f": {fmt_bytes(need)} needed, {fmt_bytes(have)} available" if need and have else "") + ").")
-        if est is not None:
-            actions.append(f"`--max-model-len {est.value}` (vLLM's own estimate, {_where(est, 80)}), or more memory "
-                           "for the KV cache (a higher `--gpu-memory-utilization`, a larger TP).")
-        else:
-            actions.append("Lower `--max-model-len`, or give the KV cache more memory: a higher "
-                           "`--gpu-memory-utilization` or a larger TP.")
-        if need and have and T and need > have:  # (figures of two lines that disagree give no advice)
-            rec_u = round(min(1.0, u + (need - have) / T + 0.0005), 3)
-            if 0.0 < rec_u < 1.0:
-                actions.append(f"At this max model len the budget must grow by {fmt_bytes(need - have)}: "
-                               f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
-            else:
-                rec_u = None
-    elif breach is not None and breach.cause == "outside-budget":
-        cause = breach.cause
-        name = ev.value("oom_package")
-        text = (f"the device ran out in {name}'s code: {breach.inequality}. {CAUSES[cause][0].upper()}"
-                f"{CAUSES[cause][1:]}: vLLM's profile does not see it, so the KV cache took the room it needed.")
-        actions.append(f"Leave {name} its memory: lower `--gpu-memory-utilization` by what {name} allocates on the "
-                       f"device (its buffer settings), or move its buffers off the device; then check {name}'s "
-                       "release notes for the allocation that failed.")
-    elif changes and pair is not None:
-        c = changes[-1]
-        cause = c.cause
-        text = (f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
-                f"({_where(ev.first('release_fails'), 100)}): from {c.release} on, {c.what} ({c.source})."  # type: ignore[arg-type]
-                + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
-                    f"{x.release}: {x.what}" for x in changes[:-1]) + "."))
-        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
-    elif named:
-        c, f = named[-1]
-        cause = c.cause
-        text = (f"the report names {_where(f, 100)}: from {c.release} on, {c.what} ({c.source}).")
-        actions.append(c.fix[0].upper() + c.fix[1:] + ".")
-    elif ev.first("cvd_after_import") is not None:
-        cause = "device-selection"
-        f = ev.first("cvd_after_import")
-        text = (f"the device ran out because {CAUSES[cause]} ({_where(f, 80)}): the engine used the first visible "
-                "device, which other work may hold.")  # type: ignore[arg-type]
-        actions.append("Set CUDA_VISIBLE_DEVICES in the shell, or before the first `import torch` / `import vllm`.")
-    elif ev.first("second_engine") is not None:
-        cause = "another-process"
-        second = ev.first("second_engine")
-        text = (f"the paste starts a second engine in the same process ({_where(second, 100)}): the first engine's "  # type: ignore[arg-type]
-                "weights and KV cache are still held (a new `LLM` does not free the old one), outside the new engine's "
-                "profile.")
-        actions.append("Free the first engine before the second (`del llm`, `gc.collect()`, `torch.cuda.empty_cache()`, "
-                       "and vLLM's distributed cleanup), or run each model in its own process.")
-    elif kept is not None:
-        cause = "another-process"
-        text = (f"the device ran out because memory was not released ({_where(kept, 120)}): what an earlier engine or "
-                "request left behind is held outside vLLM's profile.")
-        actions.append("Free what is held (a fix of the release path, or a restart) before planning the next engine; "
-                       "until then, leave room for it with a lower `--gpu-memory-utilization`.")
-    elif over_device:
-        cause = "weights"
-        text = (f"the device ran out because {CAUSES[cause]}: {fmt_bytes(weights[0])} per rank ({weights[1]}) on a "  # type: ignore[index]
-                f"{fmt_bytes(T)} device.")
-        actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
-    elif over_share and not running and phase in (None, "weight loading", "memory profiling", "kv-cache planning"):
-        cause = "weights"
-        text = (f"{CAUSES[cause]}: at `--gpu-memory-utilization {u}` vLLM may use {fmt_bytes(int(u * T))} of the "
-                f"{fmt_bytes(T)} device, and the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]}).")  # type: ignore[index]
-        rec_u = min(0.9, round((weights[0] / T) + 0.1, 2))  # type: ignore[index, operator]
-        actions.append(f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights "
-                       "room and some for the KV cache), or spread the weights with a larger TP.")
-    elif (host := ev.first("host_package")) is not None and phase in (None, "kv-cache allocation"):
-        cause = "outside-budget"
-        name = host.value
-        left = f" ({fmt_bytes(int((1 - u) * T))} of {fmt_bytes(T)})" if T else ""
-        text = (f"vLLM runs inside {name} ({_where(host, 100)}), and the device ran out as vLLM allocated what its "
-                f"plan holds within {u} of the device: {name}'s own tensors on this device (a trainer's weights, "
-                f"gradients, optimizer state) are outside vLLM's budget, which leaves them only 1 − {u}{left}. "
-                f"{CAUSES[cause][0].upper()}{CAUSES[cause][1:]}.")
-        actions.append(f"Give {name} its share of the device: a lower vLLM `gpu_memory_utilization` in {name}'s "
-                       f"settings, so that it plus what {name} holds stays under the device; or free or offload "
-                       f"{name}'s tensors before vLLM allocates (its offload options, vLLM's sleep mode).")
-    elif others or other or (startup is not None and T and startup.value < u * T) or (
-            breach is not None and breach.cause == "another-process"):
-        cause = "another-process"
-        if others:
-            held = f"{max(o.value for o in others):,} MB ({_where(others[0], 100)})"
-        elif other:
-            held = f"{fmt_bytes(other.value)} ({_where(other, 100)})"
-        elif breach is not None and breach.cause == "another-process":
-            held = f"more than the utilization leaves it ({breach.inequality})"
-        else:
-            held = f"all but {fmt_bytes(startup.value)} free at start-up ({_where(startup, 100)})"  # type: ignore[union-attr]
-        text = f"the device ran out because another process holds {held}, outside vLLM's profile."
-        actions.append("Free the device (stop the other process, or give each service its own devices), or lower "
-                       "`--gpu-memory-utilization` by the other process's share of the device.")
-    elif (grows := next((f for f in ev.all("memory_growth") if _DEVICE_GROWTH.search(f.text)), None)) is not None:
-        cause = "memory-growth"
-        text = (f"{CAUSES[cause]} ({_where(grows, 120)}): the KV cache is allocated once at start-up, "  # type: ignore[arg-type]
-                "so memory that keeps growing is held by something else (caches of inputs, a leak in a release).")
-        actions.append("Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a release "
-                       "that fixes the leak, or restart the engine periodically; a lower `--gpu-memory-utilization` buys "
-                       "time.")
-    elif (phase == "CUDA/ACL graph capture" and u > 0.95 and not values["gpu_memory_utilization"].source.startswith(
-            "assumed") and ev.first("eager_works") is None):
-        cause = "utilization-too-high"
-        text = (f"the device ran out capturing graphs at `--gpu-memory-utilization {u}`: {CAUSES[cause]} (the graphs "
-                "are captured after the KV cache takes its share).")
-        actions.append("Lower `--gpu-memory-utilization` (vLLM's default is 0.9) to leave the graphs room, or "
-                       "`--enforce-eager` at some decode speed.")
-    elif phase == "CUDA/ACL graph capture" or ev.first("eager_works") is not None:
-        cause = "graph-capture"
-        text = f"the device ran out during {CAUSES[cause]}" + (
-            f" (the report says it works with --enforce-eager: {_where(ev.first('eager_works'), 80)})"  # type: ignore[arg-type]
-            if ev.first("eager_works") else "") + "."
-        actions.append("Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` "
-                       "(fewer capture sizes), or `--enforce-eager` at some decode speed.")
-    elif phase == "serving requests" or (phase is None and ev.first("serving_oom") is not None):
-        cause = "activations-while-serving"
-        text = f"the device ran out during {CAUSES[cause]}."
-        actions.append("Leave activations room: a lower `--gpu-memory-utilization`, or smaller "
-                       "`--max-num-batched-tokens` / `--max-num-seqs`; very long prompts need chunked prefill.")
-    elif phase == "memory profiling":
-        cause = "memory-profiling"
-        text = f"the device ran out during {CAUSES[cause]}."
-        actions.append("Lower `--max-num-batched-tokens` or `--max-num-seqs` (the profile run's batch), or free "
-                       "the device of other memory.")
-    elif phase == "weight loading" or (weights is not None and T and weights[0] > T):
-        cause = "weights"
-        size = f" ({weights[1]})" if weights is not None else ""
-        text = f"the device ran out during weight loading: {CAUSES[cause]} at this TP{size}."
-        actions.append("Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint.")
-    elif phase == "kv-cache allocation":
-        cause = "budget-did-not-fit"
-        text = (f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's profile "
-                f"(non-torch allocations, another process) or a utilization too close to 1.")
-    elif u <= 0.5 and not values["gpu_memory_utilization"].source.startswith("assumed") and (
-            oom is not None or ev.first("oom_mentioned") is not None):
-        cause = "no-room-for-kv-cache"
-        text = (f"the report sets `--gpu-memory-utilization {u}` ({_short(values['gpu_memory_utilization'].source, 90)}): "
-                f"vLLM keeps weights, activations and the KV cache within that share of the device, and a share this "
-                "small leaves it no room.")
-        actions.append("Raise `--gpu-memory-utilization` toward vLLM's default 0.9 (what the device has free); to share "
-                       "a device, give each engine its share and keep their sum under 1.")
-    elif u >= 0.95 or any(f.value < u for f in ev.all("util_works")):
-        cause = "utilization-too-high"
-        works = [f for f in ev.all("util_works") if f.value < u]
-        text = (f"the device ran out at `--gpu-memory-utilization {u}`: {CAUSES[cause]} (non-torch allocations, "
-                "communication buffers, fragmentation)" + (f"; the report says {max(w.value for w in works)} works "
-                                                            f"({_where(works[0], 80)})" if works else "") + ".")
-        actions.append("Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
-                       "device keeps a few GiB free.")
-    else:
-        cause = "unknown"
+    c = _Case(ev, values, T, u, oom, phase, _weights(values), budget.value if budget is not None else None,
+              _ledger_breach(ev, values, u, phase),
+              ev.first("served", "captured", "memory_growth", "serving_oom") is not None
+              or phase in ("CUDA/ACL graph capture", "serving requests"))
+    found = next((f for f in (find(c) for find in FINDINGS) if f is not None), None)
+    if found is None:
         terms = _deciding(ev, values)
-        text = ("nothing in the allocator to fix; the cause rests on ledger terms the report does not show: "
-                + _listed([_SAID[t] for t in terms]) + " (asked for below)." if terms
-                else f"nothing in the allocator to fix; {CAUSES[cause]}.")
+        found = _Finding("unknown", "nothing in the allocator to fix; the cause rests on ledger terms the report does "
+                         "not show: " + _listed([_SAID[t] for t in terms]) + " (asked for below)." if terms
+                         else f"nothing in the allocator to fix; {CAUSES['unknown']}.")
+    cause, text, actions, rec_u, rec_kv, A = found.cause, found.text, found.actions, found.rec_u, None, c.A
     shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
     if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
         margin = int(shortfall * 1.1) + (256 << 20)
