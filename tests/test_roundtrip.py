@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT
 from kvaudit.triage import ledger
-from kvaudit.triage.conclude import _deciding
+from kvaudit.triage.causes import deciding_terms
 from kvaudit.triage.evidence import clean_lines, extract
 from kvaudit.triage.loglines import pieces, placeholders
 
@@ -30,7 +30,7 @@ FAULTS = ("none", "no-room-for-kv-cache", "budget-too-small-for-max-model-len", 
 """The injected faults: each inequality of the ledger broken by the report's figures; none broken (the title still says
 the device ran out); "undecided": the device ran out with none of the figures that decide why (no torch line, no smi
 table). Where nothing breaks, triage must not conclude, and names the terms that would decide instead
-(``kvaudit.triage.conclude.DECIDING``)."""
+(``kvaudit.triage.causes.DECIDING``)."""
 N = 10_000
 
 
@@ -179,8 +179,8 @@ def triaged(text: str) -> tuple[dict, ledger.Breach | None, ledger.Ledger]:
     stated = {"device memory": (oom.total, "line 1: oom")} if oom is not None and oom.total else {}
     led = ledger.build(ev, stated=stated, utilization=got["util"])
     breach = led.breach()
-    if breach is None and _deciding(ev, {}):
-        breach = ledger.Breach("undecided", "", _deciding(ev, {})[0])
+    if breach is None and deciding_terms(ev, {}):
+        breach = ledger.Breach("undecided", "", deciding_terms(ev, {})[0])
     return got, breach, led
 
 

@@ -320,7 +320,7 @@ def test_titles_count_given_apart_or_as_the_first_line():
 
 
 def test_schema_names_every_cause_and_phase():
-    from kvaudit.triage.conclude import CAUSES
+    from kvaudit.triage.causes import CAUSES
     from kvaudit.triage.evidence import PHASES
 
     assert set(SCHEMA["properties"]["cause"]["enum"]) - {None} == set(CAUSES)
@@ -462,9 +462,10 @@ def test_a_hub_page_gives_the_size_a_titles_model_lacks():
 @pytest.mark.parametrize("name, width", [("Qwen3.8-27B NVFP4", 0.5), ("Llama-3-8B-bnb-4bit", 0.5),
                                          ("Qwen2.5-72B-Instruct-FP8", 1), ("Qwen2.5-7B", 2)])
 def test_weights_from_a_name_take_the_checkpoints_width(name, width):
-    from kvaudit.triage.conclude import Sourced, _weights
+    from kvaudit.triage.causes import weights_per_rank
+    from kvaudit.triage.sourced import Sourced
 
-    got = _weights({"model": Sourced(name, "test")})
+    got = weights_per_rank({"model": Sourced(name, "test")})
     assert got is not None and f"× {width:g} bytes" in got[1]
 
 

@@ -254,7 +254,7 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
     """A report that says the device ran out without torch's own line: the line (and the smi table) decide the ledger's
     last terms, so they are asked for first, each with what its answer would mean; a report whose line tells what is
     held outside the process is asked neither."""
-    from kvaudit.triage.conclude import DECIDING_OOM, DECIDING_SMI
+    from kvaudit.triage.causes import DECIDING_OOM, DECIDING_SMI
 
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\nit crashes with CUDA OOM after a while")
     assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM, DECIDING_SMI)
@@ -269,7 +269,7 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""
-    from kvaudit.triage.conclude import DECIDING_COMPONENT
+    from kvaudit.triage.causes import DECIDING_COMPONENT
 
     launch = ("vllm serve /models/some-model --kv-transfer-config "
               "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'\n")
@@ -285,7 +285,7 @@ def test_where_the_figures_show_what_was_held_outside_the_unstated_utilization_d
     """torch's line shows 7.09 GiB held outside this process: over what 0.95 leaves (3.96 GiB and a GiB of slack),
     within what 0.9 leaves (7.92 GiB). With no utilization in the report, nothing breaks at the assumed 0.9, and the
     utilization the engine ran with is what decides; stated, it decides itself."""
-    from kvaudit.triage.conclude import DECIDING_BUDGET
+    from kvaudit.triage.causes import DECIDING_BUDGET
 
     t = _cause(OOM.format(held="71.00"))
     assert (t.cause, t.deciding) == ("unknown", ("budget",)) and t.ask_for[0] == DECIDING_BUDGET
@@ -322,7 +322,7 @@ def test_an_oom_with_no_traceback_happened_in_the_step_after_the_furthest_start_
     """vLLM's start-up as it logs it: the weights loaded, then the profile run; graph capture begun; graphs captured,
     then serving. Workers' lines interleave (vllm#15598: one worker's "Capturing cudagraphs" above another's weights
     line), so the furthest step counts, not the last line."""
-    from kvaudit.triage.conclude import phase_of
+    from kvaudit.triage.causes import phase_of
 
     loaded = "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 14.5 GiB memory and 20.1 seconds"
     capture = "INFO 01-23 15:50:40 [gpu_model_runner.py:2100] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"

@@ -1,7 +1,8 @@
 """On top, triage: a pasted report read by vLLM's own formats and parsers (``evidence``, over ``lines``,
 ``loglines``, ``commands``, ``failures`` and ``changes``), then concluded: the deployment reconstructed, its memory
 ledger and the inequality of vLLM's budget it breaks (``ledger``), the reported release's allocator and the fixed one
-audited, a report to paste back (``conclude``).
+audited, the cause where the allocation matches the plan or the terms that decide it (``causes``, each value quoted
+with its line: ``sourced``), a report to paste back (``conclude``).
 
 Imports the stages below it; never ``ci`` or ``cli``."""
 

@@ -17,7 +17,7 @@ class Change:
     release: str
     what: str
     cause: str
-    """The triage cause it explains (``kvaudit.triage.conclude.CAUSES``)."""
+    """The triage cause it explains (``kvaudit.triage.causes.CAUSES``)."""
     fix: str
     source: str
     named_by: tuple[str, ...] = ()

@@ -60,7 +60,7 @@ PHASE_TERMS = {
     "serving requests": ("peak activation", "activations-while-serving", "activations while serving"),
 }
 """The term each phase of vLLM's start-up and serving allocates (``kvaudit.triage.evidence.PHASES``), the cause
-(``kvaudit.triage.conclude.CAUSES``) an allocation of that term that met too little free memory is, and its words."""
+(``kvaudit.triage.causes.CAUSES``) an allocation of that term that met too little free memory is, and its words."""
 
 _MODEL_TERMS = {"peak activation": "peak_activation", "non-torch": "non_torch", "graphs": "cuda_graphs"}
 """Ledger terms and the ``kvaudit.model.memory.Term`` key that predicts each."""
@@ -108,7 +108,7 @@ class Breach:
     """The inequality of vLLM's budget the figures break, and what it means."""
 
     cause: str
-    """A key of ``kvaudit.triage.conclude.CAUSES``."""
+    """A key of ``kvaudit.triage.causes.CAUSES``."""
     inequality: str
     """The inequality with its figures, each with its source ("weights 70.1 GiB (line 12) > budget 64 GiB")."""
     term: str

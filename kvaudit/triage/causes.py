@@ -1,0 +1,580 @@
+"""The cause of an out-of-memory failure whose allocation matches vLLM's plan, as a report's figures and frames show
+it: the phase it happened in, the findings tried in order (``FINDINGS``: vLLM's refusals and the inequality of the
+ledger first, then what the report says changed or what else holds the device, then the term the phase allocates),
+and, where none holds, the ledger terms that decide and the questions that ask for them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvaudit.triage.changes import CHANGES, between, since_before
+from kvaudit.triage.evidence import Evidence, Fact
+from kvaudit.triage.sourced import Sourced, short, where
+from kvaudit.units import fmt_bytes
+from kvaudit.versions import version_key
+
+CAUSES = {
+    "budget-too-small-for-max-model-len": "the KV budget cannot hold one request of the max model length",
+    "no-room-for-kv-cache": "the weights and the profile run's activations fill the utilization's share of the "
+                            "device, leaving no KV budget",
+    "budget-too-small-for-max-num-seqs": "the KV budget holds fewer Mamba states than --max-num-seqs sequences",
+    "another-process": "another process holds device memory outside vLLM's profile",
+    "outside-budget": "a component vLLM's budget does not hold (a KV connector's buffers, a plugin, a trainer in the "
+                      "same process) allocated the memory that ran out",
+    "graph-capture": "CUDA/ACL graph capture, after the KV cache was allocated",
+    "activations-while-serving": "activations while serving requests, outside the KV cache",
+    "memory-profiling": "the profile run's activations, before the KV cache was planned",
+    "weights": "the weights do not fit the device, or the share of it the utilization gives vLLM",
+    "budget-did-not-fit": "the KV budget itself did not fit the device when allocated",
+    "utilization-too-high": "the utilization leaves no room for memory vLLM's profile does not see",
+    "device-selection": "CUDA_VISIBLE_DEVICES was set after torch was imported, so it selected nothing",
+    "memory-growth": "device memory grows while serving (a leak, or fragmentation), outside the plan",
+    "default-changed": "what changed between the release that worked and the one that fails",
+    "host-memory": "the host's memory (RAM) ran out, not the device's",
+    "collective-library": "the collective library (NCCL/HCCL) failed",
+    "driver": "the driver or the device runtime failed",
+    "not-out-of-memory": "the report shows no out-of-memory error",
+    "unknown": "no phase or figure in the report points at a cause",
+}
+"""What an allocation that matches the plan leaves as the cause, as the report's numbers point to it."""
+
+
+def phase_of(ev: Evidence) -> str | None:
+    """The phase the report's error happened in: the out-of-memory traceback's, else the last
+    traceback's, else the phase after the last start-up step logged before an out-of-memory error
+    (``STARTUP_STEPS``), or where the reporter says the device ran out while graphs were captured."""
+    found = ev.first("oom_phase", "error_phase")
+    if found is not None:
+        return found.value
+    oom = ev.first("oom", "oom_mentioned")
+    logged = _logged_phase(ev)
+    if logged is not None and oom is not None:
+        return logged
+    if ev.first("capture_oom") is not None:
+        return "CUDA/ACL graph capture"
+    if ev.first("serving_oom") is not None:  # "test latency with input 20 000, service shows oom"
+        return "serving requests"
+    if ev.first("kv_capacity_error") is not None:  # vLLM's own refusal is raised where it plans the KV cache
+        return "kv-cache planning"
+    return None
+
+
+STARTUP_STEPS = (
+    (("weights", "profiled_weights"), "memory profiling"),
+    (("capture_started",), "CUDA/ACL graph capture"),
+    (("captured", "served"), "serving requests"),
+)
+"""vLLM's start-up as it logs it, in order (``Worker.load_model``, then ``determine_available_memory``'s profile run,
+then graph capture, then serving): the facts of the lines that end or begin a step, and the phase that runs after
+them. The KV cache's lines ("Available KV cache memory", "GPU KV cache size", "# GPU blocks") are left out: V0 and V1
+log them before and after the allocation."""
+
+
+def _logged_phase(ev: Evidence) -> str | None:
+    """The phase an out-of-memory error with no traceback happened in, from the furthest start-up step logged before
+    it (the first such error outside the title; where only the title says so, anywhere in the report)."""
+    titled = {f.line for f in ev.all("title")}
+    errors = sorted(f.line for f in ev.all("oom") + ev.all("oom_mentioned") if f.line not in titled)
+    at = errors[0] if errors else None
+    reached = [i for i, (keys, _) in enumerate(STARTUP_STEPS) for key in keys for f in ev.all(key)
+               if at is None or f.line < at]
+    return STARTUP_STEPS[max(reached)][1] if reached else None  # (the furthest step: workers' lines interleave)
+
+
+def release_pair(ev: Evidence) -> tuple[str | None, str] | None:
+    """(the release that worked, the one that fails) where the report says both, or that earlier ones worked (then
+    ``None`` for the first)."""
+    fails = ev.first("release_fails")
+    if fails is None:
+        return None
+    works = [f for f in ev.all("release_works") if version_key(f.value) < version_key(fails.value)]
+    if works:
+        return works[0].value, fails.value
+    return (None, fails.value) if ev.first("previous_worked") else None
+
+
+def release_changes(ev: Evidence) -> list[Any]:
+    """The changes of memory use between the release the report says worked and the one that fails."""
+    pair = release_pair(ev)
+    if pair is None:
+        return []
+    works, fails = pair
+    return between(works, fails) if works else since_before(fails)
+
+
+def report_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: str | None) -> Any:
+    """The inequality the report's own figures break (no prediction: where kvaudit does not plan)."""
+    from kvaudit.triage import ledger
+
+    return ledger.build(ev, stated=stated_device(values), utilization=u).breach(phase)
+
+
+def stated_device(values: dict[str, Sourced]) -> dict[str, tuple[int, str]]:
+    """The device's memory where the report states it (a line, the title), as the ledger's reported figure."""
+    device = values.get("device memory")
+    return {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
+        ("line ", "title")) else {}
+
+
+DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocate X. GPU 0 has a total capacity of T of "
+                "which F is free. Process N has P memory in use ...\"), with its traceback: it decides the ledger's last "
+                "terms. Other processes holding more than the utilization leaves free: another process is the cause; "
+                "the allocation in another package's frames (a KV connector, a trainer): that component; vLLM's own "
+                "allocation at a utilization near 1: the utilization")
+DECIDING_SMI = ("`nvidia-smi` (or `npu-smi info`) while the engine runs or right after it fails: a process other than "
+                "vLLM's holding device memory is memory outside vLLM's budget; none, and the figures above decide")
+DECIDING_COMPONENT = ("the KV connector's release and its settings (its `kv_transfer_config`, and the connector's own "
+                      "configuration: the CPU or pinned buffers it allocates, any GPU staging buffers): what it "
+                      "allocates on the device is outside vLLM's budget and must fit in what the utilization leaves "
+                      "free; what it allocates on the host must fit in the host's RAM")
+DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit assumed vLLM's default 0.9): it sets "
+                   "vLLM's budget, and the headroom left for everything outside it")
+DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT,
+            "budget": DECIDING_BUDGET}
+_SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
+         "component": "the KV connector's own allocations", "budget": "the utilization the engine ran with"}
+"""The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
+asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
+the memory held outside the process (the smi table), and a KV connector's own allocations (its release and
+settings), which vLLM's budget does not hold."""
+
+
+def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
+    """The ledger terms (``DECIDING``) that decide the verdict and the report lacks, first in what to ask: the failing
+    allocation where no torch line shows it (whether or not the report says the device ran out), the memory outside
+    this process where neither that line nor a smi table tells it, and with either, the KV connector's own
+    allocations where the report runs one and the failing frames do not show them. Where the figures show what was
+    held outside and nothing breaks, the utilization decides if the report does not state it."""
+    if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
+        return []  # vLLM's refusal decides: nothing ran out at run time
+    terms = _runtime_terms(ev)
+    if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
+        terms.append("component")  # (a connector's allocation in the failing frames already decides)
+    u = values.get("gpu_memory_utilization")
+    if not terms and _figures_shown(ev) and (u is None or u.source.startswith("assumed")):
+        return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
+    return terms
+
+
+def _figures_shown(ev: Evidence) -> bool:
+    """Whether the report shows what was held when it ran out: torch's line with the memory outside the process, or a
+    smi table."""
+    oom = ev.value("oom")
+    return (oom is not None and oom.held_outside is not None) or ev.first("device_process_mb", "hbm_used_mb") is not None
+
+
+def _runtime_terms(ev: Evidence) -> list[str]:
+    oom = ev.value("oom")
+    if oom is None:
+        said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
+        smi = ev.first("device_process_mb", "hbm_used_mb") is not None
+        if not said and ev.first("exception", "outside") is not None:
+            return []  # an error that is no out-of-memory error: it decides, not the ledger
+        return ["failing allocation"] + ([] if smi else ["outside this process"])
+    if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
+        return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
+    return []
+
+
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def asks(terms: list[str]) -> list[str]:
+    """The question for each deciding term."""
+    return [DECIDING[t] for t in terms]
+
+
+@dataclass
+class _Case:
+    """What the cause of a report whose allocation matches the plan is read from: its facts and settings, the
+    device's memory ``T`` and the utilization ``u``, and what follows from them, computed once."""
+
+    ev: Evidence
+    values: dict[str, Sourced]
+    T: int | None
+    u: float
+    oom: Any
+    phase: str | None
+    weights: tuple[int, str] | None
+    A: int | None
+    """The KV budget, as the report logs it or kvaudit derives it."""
+    breach: Any
+    """The inequality the report's own figures break (``kvaudit.triage.ledger.Breach``), if any."""
+    running: bool
+    """The deployment got past start-up: it captured graphs, served, or its memory grew while serving."""
+
+    @property
+    def capacity(self) -> Fact | None:
+        return self.ev.first("kv_capacity_error")
+
+    @property
+    def no_room(self) -> bool:
+        return (self.A is not None and self.A <= 0
+                or self.capacity is not None and "No available memory" in self.capacity.text)
+
+    @property
+    def stated_u(self) -> bool:
+        return not self.values["gpu_memory_utilization"].source.startswith("assumed")
+
+
+@dataclass
+class _Finding:
+    """A cause (a key of ``CAUSES``), the sentence that says why, what to do, and a utilization that fixes it."""
+
+    cause: str
+    text: str
+    actions: list[str] = field(default_factory=list)
+    rec_u: float | None = None
+
+
+def _mamba_states(c: _Case) -> _Finding | None:
+    if c.capacity is None or "Mamba cache blocks" not in c.capacity.text:
+        return None
+    cause = "budget-too-small-for-max-num-seqs"
+    return _Finding(cause, f"vLLM refused to start because {CAUSES[cause]} ({where(c.capacity, 120)}).", [
+        "Lower `--max-num-seqs` to the Mamba cache blocks vLLM reports, or give the KV cache more memory (a higher "
+        "`--gpu-memory-utilization`, a larger TP)."])
+
+
+def _no_room(c: _Case) -> _Finding | None:
+    if not c.no_room or (release_changes(c.ev) and release_pair(c.ev)):
+        return None
+    cause, T, u, A, weights = "no-room-for-kv-cache", c.T, c.u, c.A, c.weights
+    share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
+    text = ((f"vLLM refused to start because {CAUSES[cause]}" if c.capacity is not None else
+             f"the KV budget vLLM logged is not positive: {CAUSES[cause]}") + f" ({share}"
+            + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
+            + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
+    found = _Finding(cause, text, [
+        "Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "
+        "`--tensor-parallel-size`, a smaller or quantized model, or a smaller profile batch "
+        "(`--max-num-batched-tokens`, `--max-num-seqs`)."])
+    if A is not None and A <= 0 and T:
+        rec_u = round(u + (-A + (2 << 30)) / T, 2)  # the shortfall and 2 GiB of KV cache
+        if rec_u <= 0.95:
+            found.rec_u = rec_u
+            found.actions.append(f"The budget is short by {fmt_bytes(-A)}: `--gpu-memory-utilization {rec_u}` "
+                                 "leaves about 2 GiB for the KV cache, if the device has that room.")
+    return found
+
+
+def _short_of_one_request(c: _Case) -> _Finding | None:
+    if c.capacity is None or c.no_room:
+        return None
+    ev, cause = c.ev, "budget-too-small-for-max-model-len"
+    est = ev.first("estimated_max_model_len")
+    need, have = ev.value("kv_needed"), ev.value("available_kv")
+    mml = c.values["max model len"].value or ev.value("max_model_len")
+    found = _Finding(cause, f"vLLM refused to start because {CAUSES[cause]} ("
+                     + (f"{mml:,} tokens" if isinstance(mml, int) else "the report gives no max model length")
+                     + (f": {fmt_bytes(need)} needed, {fmt_bytes(have)} available" if need and have else "") + ").")
+    if est is not None:
+        found.actions.append(f"`--max-model-len {est.value}` (vLLM's own estimate, {where(est, 80)}), or more memory "
+                             "for the KV cache (a higher `--gpu-memory-utilization`, a larger TP).")
+    else:
+        found.actions.append("Lower `--max-model-len`, or give the KV cache more memory: a higher "
+                             "`--gpu-memory-utilization` or a larger TP.")
+    if need and have and c.T and need > have:  # (figures of two lines that disagree give no advice)
+        rec_u = round(min(1.0, c.u + (need - have) / c.T + 0.0005), 3)
+        if 0.0 < rec_u < 1.0:
+            found.rec_u = rec_u
+            found.actions.append(f"At this max model len the budget must grow by {fmt_bytes(need - have)}: "
+                                 f"`--gpu-memory-utilization {rec_u}` if the device has that room.")
+    return found
+
+
+def _component(c: _Case) -> _Finding | None:
+    if c.breach is None or c.breach.cause != "outside-budget":
+        return None
+    cause, name = c.breach.cause, c.ev.value("oom_package")
+    return _Finding(cause, f"the device ran out in {name}'s code: {c.breach.inequality}. {CAUSES[cause][0].upper()}"
+                    f"{CAUSES[cause][1:]}: vLLM's profile does not see it, so the KV cache took the room it needed.", [
+                        f"Leave {name} its memory: lower `--gpu-memory-utilization` by what {name} allocates on the "
+                        f"device (its buffer settings), or move its buffers off the device; then check {name}'s "
+                        "release notes for the allocation that failed."])
+
+
+def _release_change(c: _Case) -> _Finding | None:
+    changes, pair = release_changes(c.ev), release_pair(c.ev)
+    if not changes or pair is None:
+        return None
+    last = changes[-1]
+    return _Finding(last.cause, f"the launch worked on {pair[0] or 'earlier releases'} and fails on {pair[1]} "
+                    f"({where(c.ev.first('release_fails'), 100)}): from {last.release} on, {last.what} "  # type: ignore[arg-type]
+                    f"({last.source})." + ("" if len(changes) == 1 else " Also between them: " + "; ".join(
+                        f"{x.release}: {x.what}" for x in changes[:-1]) + "."),
+                    [last.fix[0].upper() + last.fix[1:] + "."])
+
+
+def _named_change(c: _Case) -> _Finding | None:
+    named = [(x, f) for f in c.ev.all("change_named") for x in CHANGES if x.release == f.value and x.named_by]
+    if not named:
+        return None
+    x, f = named[-1]
+    return _Finding(x.cause, f"the report names {where(f, 100)}: from {x.release} on, {x.what} ({x.source}).",
+                    [x.fix[0].upper() + x.fix[1:] + "."])
+
+
+def _device_selection(c: _Case) -> _Finding | None:
+    f = c.ev.first("cvd_after_import")
+    if f is None:
+        return None
+    cause = "device-selection"
+    return _Finding(cause, f"the device ran out because {CAUSES[cause]} ({where(f, 80)}): the engine used the first "
+                    "visible device, which other work may hold.",
+                    ["Set CUDA_VISIBLE_DEVICES in the shell, or before the first `import torch` / `import vllm`."])
+
+
+def _second_engine(c: _Case) -> _Finding | None:
+    second = c.ev.first("second_engine")
+    if second is None:
+        return None
+    return _Finding("another-process", f"the paste starts a second engine in the same process ({where(second, 100)}): "
+                    "the first engine's weights and KV cache are still held (a new `LLM` does not free the old one), "
+                    "outside the new engine's profile.", [
+                        "Free the first engine before the second (`del llm`, `gc.collect()`, `torch.cuda.empty_cache()`, "
+                        "and vLLM's distributed cleanup), or run each model in its own process."])
+
+
+def _not_released(c: _Case) -> _Finding | None:
+    kept = c.ev.first("not_released")
+    if kept is None:
+        return None
+    return _Finding("another-process", f"the device ran out because memory was not released ({where(kept, 120)}): "
+                    "what an earlier engine or request left behind is held outside vLLM's profile.", [
+                        "Free what is held (a fix of the release path, or a restart) before planning the next engine; "
+                        "until then, leave room for it with a lower `--gpu-memory-utilization`."])
+
+
+def _weights_over_device(c: _Case) -> _Finding | None:
+    if c.weights is None or not c.T or c.weights[0] <= c.T or c.running:
+        return None
+    cause = "weights"
+    return _Finding(cause, f"the device ran out because {CAUSES[cause]}: {fmt_bytes(c.weights[0])} per rank "
+                    f"({c.weights[1]}) on a {fmt_bytes(c.T)} device.",
+                    ["Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint."])
+
+
+def _weights_over_budget(c: _Case) -> _Finding | None:
+    if (c.weights is None or not c.T or not c.u or c.weights[0] <= c.u * c.T or c.running
+            or c.phase not in (None, "weight loading", "memory profiling", "kv-cache planning")):
+        return None
+    cause, (w, how) = "weights", c.weights
+    rec_u = min(0.9, round((w / c.T) + 0.1, 2))
+    return _Finding(cause, f"{CAUSES[cause]}: at `--gpu-memory-utilization {c.u}` vLLM may use "
+                    f"{fmt_bytes(int(c.u * c.T))} of the {fmt_bytes(c.T)} device, and the weights alone take "
+                    f"{fmt_bytes(w)} per rank ({how}).", [
+                        f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights room "
+                        "and some for the KV cache), or spread the weights with a larger TP."], rec_u)
+
+
+def _host_program(c: _Case) -> _Finding | None:
+    host = c.ev.first("host_package")
+    if host is None or c.phase not in (None, "kv-cache allocation"):
+        return None
+    cause, name, u, T = "outside-budget", host.value, c.u, c.T
+    left = f" ({fmt_bytes(int((1 - u) * T))} of {fmt_bytes(T)})" if T else ""
+    return _Finding(cause, f"vLLM runs inside {name} ({where(host, 100)}), and the device ran out as vLLM allocated "
+                    f"what its plan holds within {u} of the device: {name}'s own tensors on this device (a trainer's "
+                    f"weights, gradients, optimizer state) are outside vLLM's budget, which leaves them only 1 − "
+                    f"{u}{left}. {CAUSES[cause][0].upper()}{CAUSES[cause][1:]}.", [
+                        f"Give {name} its share of the device: a lower vLLM `gpu_memory_utilization` in {name}'s "
+                        f"settings, so that it plus what {name} holds stays under the device; or free or offload "
+                        f"{name}'s tensors before vLLM allocates (its offload options, vLLM's sleep mode)."])
+
+
+def _another_process(c: _Case) -> _Finding | None:
+    ev = c.ev
+    others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
+    other, startup = ev.first("other_process"), ev.first("startup_free")
+    over = c.breach is not None and c.breach.cause == "another-process"
+    if others:
+        held = f"{max(o.value for o in others):,} MB ({where(others[0], 100)})"
+    elif other:
+        held = f"{fmt_bytes(other.value)} ({where(other, 100)})"
+    elif over:
+        held = f"more than the utilization leaves it ({c.breach.inequality})"
+    elif startup is not None and c.T and startup.value < c.u * c.T:
+        held = f"all but {fmt_bytes(startup.value)} free at start-up ({where(startup, 100)})"
+    else:
+        return None
+    return _Finding("another-process", f"the device ran out because another process holds {held}, outside vLLM's "
+                    "profile.", ["Free the device (stop the other process, or give each service its own devices), or "
+                                 "lower `--gpu-memory-utilization` by the other process's share of the device."])
+
+
+def _device_growth(c: _Case) -> _Finding | None:
+    grows = next((f for f in c.ev.all("memory_growth") if _DEVICE_GROWTH.search(f.text)), None)
+    if grows is None:
+        return None
+    cause = "memory-growth"
+    return _Finding(cause, f"{CAUSES[cause]} ({where(grows, 120)}): the KV cache is allocated once at start-up, so "
+                    "memory that keeps growing is held by something else (caches of inputs, a leak in a release).", [
+                        "Compare `npu-smi info` / `nvidia-smi` over time with the start-up figures; upgrade to a "
+                        "release that fixes the leak, or restart the engine periodically; a lower "
+                        "`--gpu-memory-utilization` buys time."])
+
+
+def _graphs_at_a_high_utilization(c: _Case) -> _Finding | None:
+    if c.phase != "CUDA/ACL graph capture" or c.u <= 0.95 or not c.stated_u or c.ev.first("eager_works") is not None:
+        return None
+    cause = "utilization-too-high"
+    return _Finding(cause, f"the device ran out capturing graphs at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} "
+                    "(the graphs are captured after the KV cache takes its share).", [
+                        "Lower `--gpu-memory-utilization` (vLLM's default is 0.9) to leave the graphs room, or "
+                        "`--enforce-eager` at some decode speed."])
+
+
+def _graphs(c: _Case) -> _Finding | None:
+    eager = c.ev.first("eager_works")
+    if c.phase != "CUDA/ACL graph capture" and eager is None:
+        return None
+    cause = "graph-capture"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}" + (
+        f" (the report says it works with --enforce-eager: {where(eager, 80)})" if eager else "") + ".", [
+        "Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` (fewer capture "
+        "sizes), or `--enforce-eager` at some decode speed."])
+
+
+def _serving(c: _Case) -> _Finding | None:
+    if c.phase != "serving requests" and not (c.phase is None and c.ev.first("serving_oom") is not None):
+        return None
+    cause = "activations-while-serving"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
+        "Leave activations room: a lower `--gpu-memory-utilization`, or smaller `--max-num-batched-tokens` / "
+        "`--max-num-seqs`; very long prompts need chunked prefill."])
+
+
+def _profiling(c: _Case) -> _Finding | None:
+    if c.phase != "memory profiling":
+        return None
+    cause = "memory-profiling"
+    return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
+        "Lower `--max-num-batched-tokens` or `--max-num-seqs` (the profile run's batch), or free the device of other "
+        "memory."])
+
+
+def _loading(c: _Case) -> _Finding | None:
+    if c.phase != "weight loading" and not (c.weights is not None and c.T and c.weights[0] > c.T):
+        return None
+    cause = "weights"
+    size = f" ({c.weights[1]})" if c.weights is not None else ""
+    return _Finding(cause, f"the device ran out during weight loading: {CAUSES[cause]} at this TP{size}.",
+                    ["Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint."])
+
+
+def _kv_allocation(c: _Case) -> _Finding | None:
+    if c.phase != "kv-cache allocation":
+        return None
+    cause = "budget-did-not-fit"
+    return _Finding(cause, f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's "
+                    "profile (non-torch allocations, another process) or a utilization too close to 1.")
+
+
+def _small_utilization(c: _Case) -> _Finding | None:
+    if c.u > 0.5 or not c.stated_u or (c.oom is None and c.ev.first("oom_mentioned") is None):
+        return None
+    source = c.values["gpu_memory_utilization"].source
+    return _Finding("no-room-for-kv-cache", f"the report sets `--gpu-memory-utilization {c.u}` ({short(source, 90)}): "
+                    "vLLM keeps weights, activations and the KV cache within that share of the device, and a share "
+                    "this small leaves it no room.", [
+                        "Raise `--gpu-memory-utilization` toward vLLM's default 0.9 (what the device has free); to "
+                        "share a device, give each engine its share and keep their sum under 1."])
+
+
+def _high_utilization(c: _Case) -> _Finding | None:
+    works = [f for f in c.ev.all("util_works") if f.value < c.u]
+    if c.u < 0.95 and not works:
+        return None
+    cause = "utilization-too-high"
+    return _Finding(cause, f"the device ran out at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} (non-torch "
+                    "allocations, communication buffers, fragmentation)" + (
+                        f"; the report says {max(w.value for w in works)} works ({where(works[0], 80)})"
+                        if works else "") + ".", [
+                        "Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
+                        "device keeps a few GiB free."])
+
+
+FINDINGS = (_mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
+            _device_selection, _second_engine, _not_released, _weights_over_device, _weights_over_budget,
+            _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _serving,
+            _profiling, _loading, _kv_allocation, _small_utilization, _high_utilization)
+"""The causes of an allocation that matches the plan, in the order they are tried: vLLM's own refusals and the
+inequality the report's figures break first, then what the report says changed or what else holds the device, then
+the term the phase allocates, then what the utilization alone suggests. The first that holds is the answer; where none
+does, the cause is undecided and the deciding terms are named (``_deciding``)."""
+
+
+def cause_of(ev: Evidence, values: dict[str, Sourced], T: int | None,
+           u: float) -> tuple[str, str, list[str], float | None, int | None]:
+    """What the numbers point to when the allocator is not the cause (device memory ``T``, utilization
+    ``u``), and what to do about it: the first of ``FINDINGS`` that holds, with the utilization that frees what the
+    failing allocation lacked."""
+    oom = ev.value("oom")
+    phase = phase_of(ev)
+    budget = values.get("KV budget")
+    c = _Case(ev, values, T, u, oom, phase, weights_per_rank(values), budget.value if budget is not None else None,
+              report_breach(ev, values, u, phase),
+              ev.first("served", "captured", "memory_growth", "serving_oom") is not None
+              or phase in ("CUDA/ACL graph capture", "serving requests"))
+    found = next((f for f in (find(c) for find in FINDINGS) if f is not None), None)
+    if found is None:
+        terms = deciding_terms(ev, values)
+        found = _Finding("unknown", "nothing in the allocator to fix; the cause rests on ledger terms the report does "
+                         "not show: " + _listed([_SAID[t] for t in terms]) + " (asked for below)." if terms
+                         else f"nothing in the allocator to fix; {CAUSES['unknown']}.")
+    cause, text, actions, rec_u, rec_kv, A = found.cause, found.text, found.actions, found.rec_u, None, c.A
+    shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None
+    if shortfall is not None and shortfall > 0 and A is not None and T and cause != "budget-too-small-for-max-model-len":
+        margin = int(shortfall * 1.1) + (256 << 20)
+        rec_kv = A - margin
+        if rec_kv > 0 and round(u - margin / T - 0.0005, 3) > 0:
+            rec_u = round(u - margin / T - 0.0005, 3)
+            actions.append(f"Free {fmt_bytes(margin)} for it (the failing request needed {fmt_bytes(shortfall)} "
+                           f"more than was free, plus 10 % and 256 MiB): `--gpu-memory-utilization {rec_u}`, or "
+                           f"`--kv-cache-memory={rec_kv}` ({fmt_bytes(rec_kv)}).")
+        else:
+            rec_kv = None
+    works = [f.value for f in ev.all("util_works") if f.value < u]
+    if works and rec_u is None and T:
+        actions.append(f"The report says it works at `--gpu-memory-utilization {max(works)}`; that leaves "
+                       f"{fmt_bytes(int((u - max(works)) * T))} for what ran out.")
+    if not actions:
+        actions.append("Nothing in the allocator to fix; if memory use still looks wrong, compare "
+                       "`npu-smi info`/`nvidia-smi` with the 'device memory in use' prediction above.")
+    return cause, text, actions, rec_u, rec_kv
+
+
+_DEVICE_GROWTH = re.compile(r"\b(?:gpu|npu|vram|hbm|cuda|device)\b|显存|\d(?:\.\d+)?\s*(?:[GM]i?B?|g)\b", re.IGNORECASE)
+"""A sentence about growing memory that places it on the device (it names the device's memory) or measures it: a
+bare "memory leak" may be the host's, and decides nothing about the device's ledger."""
+
+
+def weights_per_rank(values: dict[str, Sourced]) -> tuple[int, str] | None:
+    """Weights per rank, with what says so: the report's or vLLM's figure where there is one, else the
+    parameter count the model's name states ("Llama 3 70B": 70e9 × 2 bytes in 16 bits) over the TP;
+    ``None`` when neither is known."""
+    known = values.get("weights")
+    if known is not None:
+        return known.value, f"{fmt_bytes(known.value)} of weights per device ({short(known.source, 80)})"
+    model = values.get("model")
+    if model is None or not isinstance(model.value, str):
+        return None
+    name = model.value.lower()
+    m = re.search(r"(?<![a-z\d.])(?:(\d{1,3})x)?(\d{1,4}(?:\.\d{1,3})?)b(?![a-z])", name)  # (no model has 10^13)
+    if m is None:
+        return None
+    params = float(m.group(2)) * 1e9 * (int(m.group(1)) if m.group(1) else 1)
+    width = (values["weight bits"].value / 8 if "weight bits" in values  # the scheme the report states ("w4a8")
+             else 0.5 if re.search(r"awq|gptq|int4|4[-_ ]?bit|w4a\d+|[a-z]*fp4|q4_|bnb", name)
+             else 1 if re.search(r"fp8|int8|8[-_ ]?bit|w8a\d+|q8_", name) else 2)
+    tp = values["tensor parallel size"].value if "tensor parallel size" in values else 1
+    pp = values["pipeline parallel size"].value if "pipeline parallel size" in values else 1
+    per_rank = int(params * width / (tp * pp))
+    spread = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "")
+    return per_rank, (f"{m.group(0).upper()} parameters × {width:g} bytes / {spread} = {fmt_bytes(per_rank)} per device, "
+                      f"from the model's name")
