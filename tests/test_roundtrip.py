@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT
 from kvaudit.triage import ledger
 from kvaudit.triage.causes import deciding_terms
+from kvaudit.triage.conclude import _model
 from kvaudit.triage.evidence import clean_lines, extract
 from kvaudit.triage.loglines import pieces, placeholders
 
@@ -69,28 +70,40 @@ def render(entry: dict, values: list) -> str:
     return "".join(out)
 
 
+MODELS = sorted(p.name.replace("--", "/", 1) for p in (ROOT / "fixtures" / "architectures").iterdir() if p.is_dir())
+"""The models drawn: the Hub ids of fixtures/architectures (every family kvaudit reads configs of)."""
+RELEASES = ("0.6.3.post1", "0.8.5", "0.10.1.1", "0.11.0", "0.23.0", "0.33.0")
+
+
 def _settings(rng: random.Random, s: dict) -> list[str]:
     """The deployment's settings, in one of the ways users write them."""
-    u, mml, tp, pp = s["util"], s["mml"], s["tp"], s["pp"]
+    m, u, mml, tp, pp, dt = s["model"], s["util"], s["mml"], s["tp"], s["pp"], s["dtype"]
     form = rng.randrange(7)
     if form == 0:
-        return [f"vllm serve org/model --gpu-memory-utilization {u} --max-model-len {mml} --tensor-parallel-size {tp} "
-                f"--pipeline-parallel-size {pp}"]
+        return [f"vllm serve {m} --gpu-memory-utilization {u} --max-model-len {mml} --tensor-parallel-size {tp} "
+                f"--pipeline-parallel-size {pp} --dtype {dt}"]
     if form == 1:
-        return [f"$ vllm serve /models/m --gpu-memory-utilization={u} --max-model-len={mml} -tp {tp} -pp {pp} \\",
-                "    --trust-remote-code"]
+        return [f"$ vllm serve {m} --gpu-memory-utilization={u} --max-model-len={mml} -tp {tp} -pp {pp} \\",
+                f"    --dtype={dt} --trust-remote-code"]
     if form == 2:
-        return [f"I start it with `--gpu-memory-utilization={u}` and `--max-model-len {mml}` on TP={tp}, PP={pp}."]
+        return [f"I serve `{m}` with `--gpu-memory-utilization={u}` and `--max-model-len {mml}` on TP={tp}, PP={pp}, "
+                f"`--dtype {dt}`."]
     if form == 3:
-        return [f"我使用了--gpu-memory-utilization {u} 参数启动，--max-model-len {mml}，TP={tp}，PP={pp}，还是报错"]
+        return [f"模型 `{m}`，我使用了--gpu-memory-utilization {u} 参数启动，--max-model-len {mml}，TP={tp}，PP={pp}，"
+                f"--dtype {dt}，还是报错"]
     if form == 4:
-        return ["from vllm import LLM", f'llm = LLM(model="org/model", gpu_memory_utilization={u}, max_model_len={mml},',
-                f"          tensor_parallel_size={tp}, pipeline_parallel_size={pp})"]
+        return ["from vllm import LLM", f'llm = LLM(model="{m}", gpu_memory_utilization={u}, max_model_len={mml},',
+                f'          tensor_parallel_size={tp}, pipeline_parallel_size={pp}, dtype="{dt}")']
     if form == 5:
-        return [f'VLLM_ARGS="--gpu-memory-utilization={u} --max-model-len={mml} --tensor-parallel-size={tp} '
-                f'--pipeline-parallel-size={pp}"']
-    return [f"settings: gpu_memory_utilization: {u}, max_model_len={mml}, tensor_parallel_size: {tp}, "
-            f"pipeline_parallel_size={pp}"]
+        return [f'VLLM_ARGS="--model {m} --gpu-memory-utilization={u} --max-model-len={mml} --tensor-parallel-size={tp} '
+                f'--pipeline-parallel-size={pp} --dtype={dt}"']
+    return [f"settings: model: {m}, gpu_memory_utilization: {u}, max_model_len={mml}, tensor_parallel_size: {tp}, "
+            f"pipeline_parallel_size={pp}, dtype: {dt}"]
+
+
+def _release(rng: random.Random, v: str) -> str:
+    """The release, as a report states it: pip's pin, collect_env's line, or the user's own words."""
+    return rng.choice([f"vllm=={v}", f"vLLM Version: {v}", f"I'm on vllm {v}"])
 
 
 def _oom(s: dict, tried: int, free: int, processes: list[int]) -> str:
@@ -118,10 +131,11 @@ def report(seed: int) -> tuple[str, dict, str]:
     T = rng.choice([24, 40, 48, 64, 80, 96, 141]) * GiB
     s = dict(T=T, util=rng.choice([0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.92, 0.95]),
              mml=rng.choice([2048, 4096, 8192, 16384, 32768, 65536, 131072]), tp=rng.choice([1, 2, 4, 8]),
-             pp=rng.choice([1, 2]))
+             pp=rng.choice([1, 2]), model=rng.choice(MODELS), dtype=rng.choice(["auto", "bfloat16", "float16"]),
+             vllm=rng.choice(RELEASES))
     fault = FAULTS[seed % len(FAULTS)]
     budget = int(T * s["util"])
-    lines = [f"[Bug]: OOM with vLLM on {T // GiB} GB", *_settings(rng, s), "```"]
+    lines = [f"[Bug]: OOM with vLLM on {T // GiB} GB", _release(rng, s["vllm"]), *_settings(rng, s), "```"]
     weights = rng.randrange(budget // 10, budget // 2)
     if fault == "no-room-for-kv-cache":  # the weights and the profile's terms take the whole budget, or more
         weights = rng.randrange(budget - 4 * GiB, budget + budget // 5)
@@ -173,8 +187,10 @@ def triaged(text: str) -> tuple[dict, ledger.Breach | None, ledger.Ledger]:
     """What triage reads of a report's settings and the breach its ledger finds ("undecided" where none breaks and the
     report lacks a deciding term)."""
     ev = extract(clean_lines(text))
+    model = _model(ev)[0]
     got = {"util": ev.value("gpu_memory_utilization"), "mml": ev.value("max_model_len"), "tp": ev.value("tp"),
-           "pp": ev.value("pp")}
+           "pp": ev.value("pp"), "model": model.value if model is not None else None, "dtype": ev.value("dtype"),
+           "vllm": ev.value("vllm_version") or ev.value("vllm_prose")}
     oom = ev.value("oom")
     stated = {"device memory": (oom.total, "line 1: oom")} if oom is not None and oom.total else {}
     led = ledger.build(ev, stated=stated, utilization=got["util"])
@@ -196,7 +212,7 @@ def test_triage_recovers_the_settings_and_the_fault_of_10000_drawn_reports():
     for seed in range(N):
         text, s, fault = report(seed)
         got, breach, led = triaged(text)
-        want = {k: s[k] for k in ("util", "mml", "tp", "pp")}
+        want = {k: s[k] for k in ("util", "mml", "tp", "pp", "model", "dtype", "vllm")}
         cause = breach.cause if breach is not None else "none"
         if got != want or cause != ("undecided" if fault == "none" else fault):  # (an OOM titled, nothing broken)
             misses.append((seed, fault, cause, {k: (want[k], got[k]) for k in want if got[k] != want[k]}))

@@ -603,3 +603,24 @@ def test_lscpus_model_name_in_collect_env_names_the_cpu_not_the_model():
            "Vendor ID:                       HiSilicon", "Model name:                      Kunpeng-920"]
     assert extract(clean_lines("\n".join(cpu))).value("model_prose") is None
     assert extract(clean_lines("Model name: Qwen2.5-7B-Instruct")).value("model_prose") == "Qwen2.5-7B-Instruct"
+
+
+@pytest.mark.parametrize("text, key, value", [
+    ("I'm on vllm 0.10.1.1", "vllm_prose", "0.10.1.1"),  # four release segments (PEP 440)
+    ("I serve `microsoft/phi-2` with it", "model_prose", "microsoft/phi-2"),  # a Hub id quoted as code
+    ("模型 `vikhyatk/moondream2`，还是报错", "model_prose", "vikhyatk/moondream2"),
+    ("settings: model: microsoft/phi-2, dtype: bfloat16", "model", "microsoft/phi-2"),  # a setting's name and value
+    ("$ vllm serve org/m --max-model-len=8192 -tp 2\n\\\n    --dtype=float16", "dtype", "float16"),  # a lone "\"
+    ("$ vllm serve org/m --max-model-len=8192 -tp 2\n-pp 1 \\\n    --dtype=float16", "dtype", "float16"),
+    ("vllm serve org/m --gpu-memory-utilization 0.5\n--max-model-len 2048 --dtype\nfloat16", "dtype", "float16"),
+])
+def test_settings_a_paste_wraps_or_words_its_own_way_are_read(text, key, value):
+    """Forms the round trip (tests/test_roundtrip.py) draws, each on its own: a miss of one of them alone stays under
+    that test's 1 %."""
+    assert extract(clean_lines(text)).value(key) == value
+
+
+@pytest.mark.parametrize("text", ["the model: the 7B one", "see `vllm/v1/worker/gpu_worker.py`", "model=it"])
+def test_a_model_is_stated_as_a_hub_id_or_a_path_not_as_a_word(text):
+    ev = extract(clean_lines(text))
+    assert ev.value("model") is None and ev.value("model_prose") is None

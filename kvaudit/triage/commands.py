@@ -20,6 +20,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from kvaudit.model.hub import is_hub_id
+
 FACTS: dict[str, str] = {
     "model": "model", "model_tag": "model", "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
     "data_parallel_size": "dp", "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
@@ -365,7 +367,7 @@ def _stated_names() -> dict[str, tuple[str, bool]]:
     names: dict[str, tuple[str, bool]] = {}
     if p is not None:
         for option, action in p._option_string_actions.items():
-            if action.dest not in FACTS or action.dest == "model":
+            if action.dest not in FACTS:
                 continue
             takes = action.nargs != 0
             names[option.lower()] = (option, takes)
@@ -375,7 +377,7 @@ def _stated_names() -> dict[str, tuple[str, bool]]:
                 names.setdefault(bare.replace("-", "_"), (option, takes))
     else:
         for dest in FACTS:
-            if dest not in ("model", "model_tag"):
+            if dest != "model_tag":
                 flag = "--" + dest.replace("_", "-")
                 takes = flag[2:] not in _VALUELESS
                 for name in (flag, dest, flag.lstrip("-")):
@@ -412,6 +414,8 @@ def stated_settings(text: str) -> Launch:
         value = (m["value"] or "").rstrip(".")
         if not (takes and value):
             continue  # a switch named in a sentence is a condition or a workaround ("works with --enforce-eager")
+        if option == "--model" and not (is_hub_id(value) or value.startswith(("/", "~/", "./"))):
+            continue  # "model: the 7B one": a model is stated as a Hub id or a path, as vLLM takes it
         end = _SENTENCE_END.search(text, m.end())
         start = max(text.rfind(c, 0, m.start()) for c in ".!?。！？") + 1
         if end is not None and end.group(0) in ("?", "？") and _ADDRESSED.search(text, start, end.end()):

@@ -23,6 +23,7 @@ from typing import Any
 
 from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
+from kvaudit.model.hub import is_hub_id
 from kvaudit.triage.changes import CHANGES
 from kvaudit.triage.commands import (Launch, command_words, config_blocks, expand, read_call, read_config, read_words,
                                      split, stated_settings)
@@ -42,8 +43,8 @@ _AFTER_WORD = re.compile(r"[\w\]]")
 _NUM = r"-?[0-9]{1,18}(?:\.[0-9]{1,18})?"
 """A number as logs print it; longer digit runs are no figure (and would overflow a float, or pass Python's
 4,300-digit limit for integers)."""
-_VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
-"""A release version as people write it: 0.8.5, 0.11.0rc3, 0.9.2.post1, 0.14.0rc2.dev119+g52aa9c0."""
+_VER = r"[0-9]+\.[0-9]+(?:\.[0-9]+){0,2}(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+\S*)?"
+"""A release version as people write it: 0.8.5, 0.10.1.1, 0.11.0rc3, 0.9.2.post1, 0.14.0rc2.dev119+g52aa9c0."""
 
 
 def _plausible() -> dict[str, tuple[float, float]]:
@@ -252,8 +253,9 @@ _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((?P<d>.*)\)")
 _CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|-m\s+(?:\w+\.)*\w*vllm\w*(?:\.\w+)*(?=\s+-)|(?:[\w.-]+/)?vllm-(?:openai|ascend)(?::\S+)?(?=\s+-)|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
                   r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
-_FLAGS_LINE = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*[ =].*)$")
-"""A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``)."""
+_FLAGS_LINE = re.compile(r"^\s*(?P<rest>(?:--[a-z][\w-]*|-(?:tp|pp|dp|ep|dcp|pcp))[ =].*)$")
+"""A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``; ``-pp 2 \\``
+where a terminal wrapped a launch before the parser's short alias)."""
 _WORD_REFUSED = re.compile(r"invalid (?:\w+ value|choice): '[A-Za-z]+'")
 """argparse refusing a word of prose as a flag's value (``invalid human_readable_int_or_auto value: 'set'``)."""
 _ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+)?[A-Z][A-Z0-9_]*ARGS\s*[=:]\s*(?P<rest>["']?\s*--[a-z].*)$""")
@@ -274,6 +276,8 @@ _MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:/?(
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
                             r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
+_TICKED = re.compile(r"`(?P<v>[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,95})`")
+"""A name quoted as code in a sentence; a model where it reads as a Hub id (``kvaudit.model.hub.is_hub_id``)."""
 _LSCPU = re.compile(r"^\s*(?:Architecture|CPU op-mode\(s\)|Vendor ID|BIOS Vendor ID|CPU\(s\)):", re.MULTILINE)
 """The fields lscpu prints before "Model name:" (the CPU's), as collect_env.py's CPU section pastes them."""
 _PROSE_MODEL = re.compile(r"^\s*(?:[-*]\s*)?(?:\*\*)?(?:Model|Model name|模型|模型名称)(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*"
@@ -515,7 +519,7 @@ def _all_words() -> tuple[str, ...]:
 
     return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, groups in _PROSE_FACTS_RX for g in groups for w in g}
                         | {name for change in CHANGES for name in change.named_by} | set(_MESSAGE_STARTS)
-                        | {w for _, _, words, _ in WORDINGS for w in words}))
+                        | {w for _, _, words, _ in WORDINGS for w in words} | {"`"}))
 
 
 def extract(lines: list[str], title: str | None = None) -> Evidence:
@@ -594,8 +598,12 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             while k < len(lines) and k < n + 60:
                 if logical.rstrip().endswith("\\"):  # a command continued with "\"
                     logical, k = logical.rstrip()[:-1] + " " + lines[k].rstrip(), k + 1
+                elif lines[k].strip() == "\\" and "--" in logical:  # the "\" a terminal wrapped onto a line alone
+                    logical, k = logical.rstrip() + " \\", k + 1
                 elif "--" in logical and (_open_quote(logical) or _FLAG_AT_END.search(logical)) and (
-                        _ARGS_VAR.search(line) or _CMD.search(line)) and not _NEW_RECORD.match(lines[k]):
+                        _ARGS_VAR.search(line) or _CMD.search(line) or (  # (or flags wrapped below a launch)
+                            commands and commands[-1].last == n - 1 and line.lstrip().startswith("--"))
+                ) and not _NEW_RECORD.match(lines[k]):
                     quoted.add(k + 1)  # a quoted argument list goes on, as a shell reads it, on the next line
                     logical, k = logical.rstrip() + " " + lines[k].strip(), k + 1
                 else:
@@ -604,7 +612,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if not continued and (("vllm serve" in lowl or "api_server" in lowl or "benchmark_" in lowl
                                           or "vllm bench" in lowl or "vllm-openai" in lowl or "vllm_worker" in lowl
                                           or "-m vllm" in lowl) and (m := _CMD.search(logical))
-                                         or "--" in line and (m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(logical) or (
+                                         or ("--" in line or line.lstrip()[:1] == "-") and (
+                                             m := _FLAGS_LINE.search(logical) or _ARGS_VAR.search(logical) or (
                                              commands and commands[-1].last == n - 1 and _FLAG_ONLY.search(logical)))):
             rest = m["rest"]
             wraps = m.re in (_FLAGS_LINE, _FLAG_ONLY) and commands and commands[-1].last == n - 1
@@ -955,6 +964,11 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> Non
             if m := rx.search(lines[n - 1]):
                 found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose", "weight_bits") else float(m["v"])
                               if key == "util_prose" else m.group(0) if key == "model_mention" else True))
+    for n in sorted(where.any_of(("`",)) & prose):  # a Hub id quoted as code in a sentence: "I serve `org/name`"
+        for m in _TICKED.finditer(lines[n - 1]):
+            if is_hub_id(m["v"]):
+                found.append((n, "model_prose", m["v"]))
+                break
     for n, key, value in sorted(found, key=lambda f: f[0]):
         ev.add(key, value, n, lines[n - 1])
 
