@@ -67,9 +67,14 @@ def test_memory_other_processes_hold_breaks_the_headroom_the_utilization_leaves(
     b = led.breach()
     assert b is not None and (b.cause, b.term) == ("another-process", "outside this process")
     assert "what the utilization leaves free, (1 − 0.9) × 79.15 GiB" in b.inequality
-    # the same line at a utilization that leaves that much free: no breach
+    # the same line at a utilization that leaves that much free: nothing outside breaks; this process's 29.47 GiB is
+    # over 0.3's budget (23.75 GiB) instead
+    b = ledger.build(facts, _deployment(device_memory_bytes=oom.total, weights_bytes=10 * GiB,
+                                        gpu_memory_utilization=0.3)).breach()
+    assert b is not None and (b.cause, b.term) == ("over-budget", "this process")
+    assert b.inequality == "held by this process 29.47 GiB (line 4) > vLLM's budget, 0.3 × 79.15 GiB = 23.75 GiB"
     assert ledger.build(facts, _deployment(device_memory_bytes=oom.total, weights_bytes=10 * GiB,
-                                           gpu_memory_utilization=0.3)).breach() is None
+                                           gpu_memory_utilization=0.38)).breach() is None  # 29.47 < 30.08 + 1 GiB
 
 
 def test_one_process_holding_the_device_breaks_nothing_outside():
@@ -218,4 +223,4 @@ def test_an_allocation_that_met_less_free_memory_breaks_at_the_phase_the_frames_
     assert (b.cause, b.term) == (cause, "failing allocation")
     assert b.inequality.startswith("the failing allocation 786.00 MiB (line 121) > free when it ran out 140.75 MiB "
                                    "(line 121), allocating ") and b.inequality.endswith(f"({phase})")
-    assert led.breach(None) is None
+    assert led.breach(None).cause == "over-budget"  # no phase: 79 GiB held here, over 0.95 × 79.11 GiB and a GiB

@@ -337,3 +337,18 @@ def test_an_oom_with_no_traceback_happened_in_the_step_after_the_furthest_start_
     assert phase(loaded, capture, done, oom) == "serving requests"
     assert phase(capture, loaded, oom) == "CUDA/ACL graph capture"  # interleaved workers
     assert phase(oom, loaded) is None  # logged after the error: not the step it happened in
+
+
+def test_this_process_over_vllms_budget_is_a_term_that_grew_decided_by_the_traceback_and_the_weights():
+    """78.00 GiB held by this process at 0.9 of 79.15 GiB (71.24 GiB): nothing outside it broke the headroom; a term
+    vLLM budgeted grew past its plan, the weights or the activations, which the traceback and the weights' figure
+    tell. Not a utilization guess, even at 0.95; a lower utilization the report says works still is the answer."""
+    from kvaudit.triage.causes import DECIDING_WEIGHTS
+
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.9\n" + OOM.format(held="78.00"))
+    assert (t.cause, t.deciding) == ("unknown", ("failing allocation", "weights"))
+    assert t.inequality == "held by this process 78.00 GiB (line 2) > vLLM's budget, 0.9 × 79.15 GiB = 71.24 GiB"
+    assert DECIDING_WEIGHTS in t.ask_for and "grew past what it planned" in t.headline
+    assert _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="78.00")).cause == "unknown"
+    within = _cause("vllm serve /models/x --gpu-memory-utilization 0.9\n" + OOM.format(held="70.00"))
+    assert within.inequality is None and "weights" not in within.deciding  # 70.00 GiB: within the budget

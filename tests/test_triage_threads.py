@@ -102,7 +102,6 @@ DEVELOP = ROOT / "fixtures" / "reports" / "develop"
 DEVELOP_EXPECTED = _expected(DEVELOP)
 MISSED = {
     "QwenLM-Qwen-589.txt": "the maintainer asked for the log; kvaudit concludes on the upstream allocator",
-    "vllm-ascend-1127.txt": "the W8A8 weights not taking the quantized path is not in the report's figures",
     "vllm-ascend-9005.txt": "'Memory resources are exhausted' beside free device memory: the driver is not named",
     "vllm-ascend-9230.txt": "a hybrid model on an unnamed vllm-ascend release: the verdict depends on the release",
 }

@@ -37,6 +37,8 @@ CAUSES = {
     "driver": "the driver or the device runtime failed",
     "not-out-of-memory": "the report shows no out-of-memory error",
     "unknown": "no phase or figure in the report points at a cause",
+    "over-budget": "this process held more than vLLM's budget: a term vLLM budgeted (the weights, the activations) "
+                   "grew past what it planned",
 }
 """What an allocation that matches the plan leaves as the cause, as the report's numbers point to it."""
 
@@ -131,10 +133,14 @@ DECIDING_COMPONENT = ("the KV connector's release and its settings (its `kv_tran
                       "free; what it allocates on the host must fit in the host's RAM")
 DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit assumed vLLM's default 0.9): it sets "
                    "vLLM's budget, and the headroom left for everything outside it")
+DECIDING_WEIGHTS = ("the weights each rank loaded (the start-up log's \"Model loading took X GiB\", or the checkpoint "
+                    "and its quantization): over vLLM's budget, they are the term that grew (a larger TP, a smaller "
+                    "checkpoint); within it, the activations did (a smaller batch)")
 DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT,
-            "budget": DECIDING_BUDGET}
+            "budget": DECIDING_BUDGET, "weights": DECIDING_WEIGHTS}
 _SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
-         "component": "the KV connector's own allocations", "budget": "the utilization the engine ran with"}
+         "component": "the KV connector's own allocations", "budget": "the utilization the engine ran with",
+         "weights": "the weights each rank loaded"}
 """The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
 asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
 the memory held outside the process (the smi table), and a KV connector's own allocations (its release and
@@ -146,13 +152,17 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     allocation where no torch line shows it (whether or not the report says the device ran out), the memory outside
     this process where neither that line nor a smi table tells it, and with either, the KV connector's own
     allocations where the report runs one and the failing frames do not show them. Where the figures show what was
-    held outside and nothing breaks, the utilization decides if the report does not state it."""
+    held outside and nothing breaks, the utilization decides if the report does not state it; where this process held
+    more than vLLM's budget, the failing allocation's traceback and the weights decide which budgeted term grew."""
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
+    u = values.get("gpu_memory_utilization")
+    over = report_breach(ev, values, u.value, phase_of(ev)) if u is not None and u.value else None
+    if over is not None and over.cause == "over-budget":
+        return ["failing allocation", "weights"]  # which budgeted term grew: the traceback's phase, the weights' figure
     terms = _runtime_terms(ev)
     if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
-    u = values.get("gpu_memory_utilization")
     if not terms and _figures_shown(ev) and (u is None or u.source.startswith("assumed")):
         return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
     return terms
@@ -475,6 +485,16 @@ def _kv_allocation(c: _Case) -> _Finding | None:
                     "profile (non-torch allocations, another process) or a utilization too close to 1.")
 
 
+def _over_budget(c: _Case) -> _Finding | None:
+    if c.breach is None or c.breach.cause != "over-budget":
+        return None
+    return _Finding("unknown", f"{c.breach.inequality}: {CAUSES['over-budget']}. Which one the traceback of the "
+                    "failing allocation and the weights' figure tell (asked for below); the utilization is not what "
+                    "ran out.", ["Find the term that grew (the traceback's phase, `Model loading took` in the start-up "
+                                 "log) before changing `--gpu-memory-utilization`: weights over the budget need a "
+                                 "larger TP or a smaller checkpoint, activations a smaller batch."])
+
+
 def _small_utilization(c: _Case) -> _Finding | None:
     if c.u > 0.5 or not c.stated_u or (c.oom is None and c.ev.first("oom_mentioned") is None):
         return None
@@ -486,10 +506,16 @@ def _small_utilization(c: _Case) -> _Finding | None:
                         "share a device, give each engine its share and keep their sum under 1."])
 
 
+def _works_lower(c: _Case) -> _Finding | None:
+    return _utilization_too_high(c) if any(f.value < c.u for f in c.ev.all("util_works")) else None
+
+
 def _high_utilization(c: _Case) -> _Finding | None:
+    return _utilization_too_high(c) if c.u >= 0.95 else None
+
+
+def _utilization_too_high(c: _Case) -> _Finding:
     works = [f for f in c.ev.all("util_works") if f.value < c.u]
-    if c.u < 0.95 and not works:
-        return None
     cause = "utilization-too-high"
     return _Finding(cause, f"the device ran out at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} (non-torch "
                     "allocations, communication buffers, fragmentation)" + (
@@ -502,7 +528,7 @@ def _high_utilization(c: _Case) -> _Finding | None:
 FINDINGS = (_mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
             _device_selection, _second_engine, _not_released, _weights_over_device, _weights_over_budget,
             _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _serving,
-            _profiling, _loading, _kv_allocation, _small_utilization, _high_utilization)
+            _profiling, _loading, _kv_allocation, _small_utilization, _works_lower, _over_budget, _high_utilization)
 """The causes of an allocation that matches the plan, in the order they are tried: vLLM's own refusals and the
 inequality the report's figures break first, then what the report says changed or what else holds the device, then
 the term the phase allocates, then what the utilization alone suggests. The first that holds is the answer; where none

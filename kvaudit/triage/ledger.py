@@ -36,6 +36,7 @@ TERMS = {
     "KV allocated": "the KV cache the allocator allocates for vLLM's plan",
     "failing allocation": "the allocation that ran out",
     "free when it ran out": "the device's free memory the failing allocation met",
+    "this process": "device memory this process held when it ran out",
     "outside this process": "device memory held when it ran out by neither this process nor free",
 }
 """The ledger's terms, in the order of vLLM's budget; each row of ``Ledger.rows`` is one of them."""
@@ -159,8 +160,10 @@ class Ledger:
         """The inequality of vLLM's budget these figures break, first in budget order: the weights over the device,
         the weights over the utilization's budget, no KV budget, a KV budget short of one request of max_model_len, the
         memory held outside this process beyond what the utilization leaves free; then, at the phase the frames name
-        (``PHASE_TERMS``), the allocation of that phase's term that met less free memory than it asked. ``None`` where
-        none breaks (or the figures to tell are missing)."""
+        (``PHASE_TERMS``), the allocation of that phase's term that met less free memory than it asked; last, this
+        process holding more than vLLM's budget (and a GiB): a term vLLM budgeted grew past what it planned, which
+        term the traceback or the weights' figure tells (``over-budget``). ``None`` where none breaks (or the figures
+        to tell are missing)."""
         T, W, K, R = (self.value(t) for t in ("device memory", "weights", "KV budget", "KV for one request"))
         u = self.utilization
         budget = self.value("budget") if self.row("budget").reported is not None else (
@@ -198,6 +201,10 @@ class Ledger:
             _, cause, what = PHASE_TERMS[phase]
             return Breach(cause, f"the failing allocation {self._at('failing allocation')} > free when it ran out "
                           f"{self._at('free when it ran out')}, allocating {what} ({phase})", "failing allocation")
+        here = self.row("this process").reported
+        if T and u and here is not None and here > u * T + (1 << 30):
+            return Breach("over-budget", f"held by this process {self._at('this process')} > vLLM's budget, {u} × "
+                          f"{fmt_bytes(T)} = {fmt_bytes(int(u * T))}", "this process")
         return None
 
     def _at(self, term: str) -> str:
@@ -246,7 +253,7 @@ def build(facts: Any, d: Any = None, need: Any = None,
             predicted, by = weights
         if term == "KV for one request" and need is not None:
             predicted, by = need.bytes, f"vLLM's max_memory_usage_bytes for {need.max_model_len:,} tokens"
-        if term in ("failing allocation", "free when it ran out", "outside this process"):
+        if term in ("failing allocation", "free when it ran out", "this process", "outside this process"):
             oom = facts.first("oom")
             if oom is not None and term == "failing allocation" and oom.value.tried is not None:
                 said, at = oom.value.tried, oom.source
@@ -254,6 +261,8 @@ def build(facts: Any, d: Any = None, need: Any = None,
                 said, at = oom.value.free, oom.source
             elif oom is not None and term == "outside this process" and oom.value.held_outside is not None:
                 said, at = oom.value.held_outside, oom.source
+            elif oom is not None and term == "this process" and oom.value.held_here is not None:
+                said, at = oom.value.held_here, oom.source
         if said is not None or predicted is not None:
             rows.append(Row(term, said, at, predicted, by))
     est = facts.first("estimated_max_model_len")
