@@ -176,16 +176,16 @@ def _figures_shown(ev: Evidence) -> bool:
 
 
 def _runtime_terms(ev: Evidence) -> list[str]:
-    oom = ev.value("oom")
-    if oom is None:
-        said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
-        smi = ev.first("device_process_mb", "hbm_used_mb") is not None
-        if not said and ev.first("exception", "outside") is not None:
-            return []  # an error that is no out-of-memory error: it decides, not the ledger
-        return ["failing allocation"] + ([] if smi else ["outside this process"])
-    if oom.held_outside is None and not ev.first("device_process_mb", "hbm_used_mb"):
-        return ["outside this process"]  # (the line alone cannot tell what is held outside this process)
-    return []
+    """The terms that decide a runtime out-of-memory failure the report lacks: torch's line where it has none (and
+    what is held outside the process where no smi table shows it either), what is held outside where the line cannot
+    tell it; none where the error is no out-of-memory error at all."""
+    shown = _figures_shown(ev)
+    if ev.value("oom") is not None:
+        return [] if shown else ["outside this process"]
+    said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
+    if not said and ev.first("exception", "outside") is not None:
+        return []  # an error that is no out-of-memory error: it decides, not the ledger
+    return ["failing allocation"] + ([] if shown else ["outside this process"])
 
 
 def _listed(items: list[str]) -> str:

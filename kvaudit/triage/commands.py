@@ -351,7 +351,7 @@ _STATED = re.compile(r"(?<![A-Za-z0-9_/.$-])(?P<flag>--?[A-Za-z][A-Za-z0-9_-]*|[
                      r"(?=(?P<eq>[ \t]*[=:：][ \t]*)?(?(eq)|[ \t]*)(?P<value>[^\s`'\"，,;；。=:：()（）\[\]{}<>]+)?)")
 """A flag or a setting's name and the value after it (``--gpu-memory-utilization=0.95``, ``TP=8``,
 ``gpu_memory_utilization: 0.9``); the names are checked against vLLM's parser."""
-_BARE_ALIASES = {"tp", "pp", "dp", "ep", "dcp", "pcp"}
+BARE_ALIASES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
 """The parser's short aliases people write without the dash, as words (``TP=8, PP=2``); single letters (``-n``,
 ``-q``) are left out: as words they are no settings."""
 _NAMES: list[dict[str, tuple[str, bool]]] = []
@@ -372,7 +372,7 @@ def _stated_names() -> dict[str, tuple[str, bool]]:
             takes = action.nargs != 0
             names[option.lower()] = (option, takes)
             bare = option.lstrip("-").lower()
-            if option.startswith("--") or bare in _BARE_ALIASES:
+            if option.startswith("--") or bare in BARE_ALIASES:
                 names.setdefault(bare, (option, takes))
                 names.setdefault(bare.replace("-", "_"), (option, takes))
     else:
@@ -404,7 +404,7 @@ def stated_settings(text: str) -> Launch:
         if not dashed and not m["eq"]:
             continue  # a word with no "=" or ":" after it is prose
         bare = flag.lstrip("-").lower().replace("-", "_")
-        if bare not in FACTS and bare not in _BARE_ALIASES:
+        if bare not in FACTS and bare not in BARE_ALIASES:
             continue  # no argument kvaudit reads (checked before vLLM's parser is built: a log needs no vLLM)
         names = _stated_names()
         found = names.get(flag.lower() if dashed else flag.lower().replace("-", "_")) or names.get(flag.lower())

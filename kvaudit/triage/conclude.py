@@ -77,8 +77,8 @@ class Triage:
     inequality: str | None = None
     """The inequality of vLLM's budget the figures break (``kvaudit.triage.ledger.Breach``), where one does."""
     deciding: tuple[str, ...] = ()
-    """The ledger terms (``kvaudit.triage.ledger.TERMS``) the answer rests on and the report lacks: what
-    ``ask_for`` asks first, where no figure decides."""
+    """The terms the answer rests on and the report lacks (``kvaudit.triage.causes.DECIDING``: ledger terms, and a
+    KV connector's own allocations as "component"): what ``ask_for`` asks first, where no figure decides."""
 
     def to_dict(self) -> dict:
         """The JSON contract (``schema_version`` 1)."""
@@ -771,7 +771,8 @@ def _derived_memory(values: dict[str, Sourced], d: Deployment, ev: Evidence) -> 
 def _insufficient(ev: Evidence, values: dict[str, Sourced], missing: list[str], evidence: list[str], headline: str,
                   ask: list[str] | None = None, deciding: bool = True, **more: Any) -> Triage:
     """The answer that cannot conclude: what decides first (the caller's question, else the ledger's missing terms,
-    ``_deciding``; none where what is missing is vLLM's planner here), then what the deployment lacks."""
+    ``kvaudit.triage.causes.deciding_terms``; none where what is missing is vLLM's planner here), then what the
+    deployment lacks."""
     terms = deciding_terms(ev, values) if deciding and not ask else []
     ask_for = (list(ask) if ask else asks(terms)) + list(missing)
     if (ev.first("oom") is not None or ev.first("oom_mentioned") is not None) and ev.first("oom_phase") is None:

@@ -25,8 +25,8 @@ from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
 from kvaudit.model.hub import is_hub_id
 from kvaudit.triage.changes import CHANGES
-from kvaudit.triage.commands import (Launch, command_words, config_blocks, expand, read_call, read_config, read_words,
-                                     split, stated_settings)
+from kvaudit.triage.commands import (BARE_ALIASES, Launch, command_words, config_blocks, expand, read_call, read_config,
+                                     read_words, split, stated_settings)
 from kvaudit.triage.failures import failures
 from kvaudit.triage.lines import Where, Words, lines_holding
 from kvaudit.triage.loglines import anchors, needles, read_line
@@ -165,9 +165,9 @@ def read_report(path: str) -> str:
 
 
 MAX_LINE = 8192
+"""Longer lines are cut: the longest lines kvaudit reads (the engine config) are ~2 KiB."""
 _SMART_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 """Curly quotes, as forums (Discourse) and word processors print a pasted log's straight ones."""
-"""Longer lines are cut: the longest lines kvaudit reads (the engine config) are ~2 KiB."""
 
 
 def clean_lines(text: str) -> list[str]:
@@ -253,7 +253,7 @@ _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((?P<d>.*)\)")
 _CMD = re.compile(r"(?:^|[\s$#>`'\"])(?:vllm\s+serve|-m\s+(?:\w+\.)*\w*vllm\w*(?:\.\w+)*(?=\s+-)|(?:[\w.-]+/)?vllm-(?:openai|ascend)(?::\S+)?(?=\s+-)|vllm\s+bench\s+\w+|-m\s+vllm\.entrypoints\.(?:openai\.)?api_server|"
                   r"(?:[^\s$#>`'\"]*/)?benchmark_\w+\.py)\b(?P<rest>.*)$")
-_FLAGS_LINE = re.compile(r"^\s*(?P<rest>(?:--[a-z][\w-]*|-(?:tp|pp|dp|ep|dcp|pcp))[ =].*)$")
+_FLAGS_LINE = re.compile(rf"^\s*(?P<rest>(?:--[a-z][\w-]*|-(?:{'|'.join(BARE_ALIASES)}))[ =].*)$")
 """A launch's flags pasted without its first line (``--gpu-memory-utilization 0.95 --max-model-len ...``; ``-pp 2 \\``
 where a terminal wrapped a launch before the parser's short alias)."""
 _WORD_REFUSED = re.compile(r"invalid (?:\w+ value|choice): '[A-Za-z]+'")
@@ -643,9 +643,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             stated.extend((n, key, value) for key, value in stated_settings(said).facts)
         if "model" in low or "模型" in line:
             for rx in (_DOWNLOADING, _SERVING, _PROSE_MODEL):
-                if rx is _PROSE_MODEL and _LSCPU.search("\n".join(lines[max(0, n - 12):n - 1])):
-                    continue  # lscpu's "Model name:" in collect_env's CPU section names the CPU, not the model
-                if m := rx.search(line):
+                if (m := rx.search(line)) and rx is _PROSE_MODEL and _LSCPU.search(
+                        "\n".join(lines[max(0, n - 12):n - 1])):
+                    break  # lscpu's "Model name:" in collect_env's CPU section names the CPU, not the model
+                if m:
                     ev.add("model_prose" if rx is _PROSE_MODEL else "model", m["v"], n, line)
                     break
         if "worker" in low and (m := _WORKER_TP.search(line)):
