@@ -63,6 +63,10 @@ PHASE_TERMS = {
 """The term each phase of vLLM's start-up and serving allocates (``kvaudit.triage.evidence.PHASES``), the cause
 (``kvaudit.triage.causes.CAUSES``) an allocation of that term that met too little free memory is, and its words."""
 
+_OOM_TERMS = {"failing allocation": "tried", "free when it ran out": "free", "this process": "held_here",
+              "outside this process": "held_outside"}
+"""Ledger terms torch's out-of-memory line states, and the ``kvaudit.measure.oom.OomMessage`` field of each."""
+
 _MODEL_TERMS = {"peak activation": "peak_activation", "non-torch": "non_torch", "graphs": "cuda_graphs"}
 """Ledger terms and the ``kvaudit.model.memory.Term`` key that predicts each."""
 
@@ -253,16 +257,10 @@ def build(facts: Any, d: Any = None, need: Any = None,
             predicted, by = weights
         if term == "KV for one request" and need is not None:
             predicted, by = need.bytes, f"vLLM's max_memory_usage_bytes for {need.max_model_len:,} tokens"
-        if term in ("failing allocation", "free when it ran out", "this process", "outside this process"):
-            oom = facts.first("oom")
-            if oom is not None and term == "failing allocation" and oom.value.tried is not None:
-                said, at = oom.value.tried, oom.source
-            elif oom is not None and term == "free when it ran out" and oom.value.free is not None:
-                said, at = oom.value.free, oom.source
-            elif oom is not None and term == "outside this process" and oom.value.held_outside is not None:
-                said, at = oom.value.held_outside, oom.source
-            elif oom is not None and term == "this process" and oom.value.held_here is not None:
-                said, at = oom.value.held_here, oom.source
+        if term in _OOM_TERMS and (oom := facts.first("oom")) is not None:
+            figure = getattr(oom.value, _OOM_TERMS[term])
+            if figure is not None:
+                said, at = figure, oom.source
         if said is not None or predicted is not None:
             rows.append(Row(term, said, at, predicted, by))
     est = facts.first("estimated_max_model_len")
