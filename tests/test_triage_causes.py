@@ -260,10 +260,45 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
     assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM, DECIDING_SMI)
     assert t.deciding == ("failing allocation", "outside this process") == tuple(t.to_dict()["deciding"])
     assert "the failing allocation and the memory held outside this process" in t.headline
-    assert "**What decides, and the report lacks**: failing allocation, outside this process" in t.to_markdown()
+    assert ("**What decides, and the report lacks**: the failing allocation, the memory held outside this process"
+            in t.to_markdown())
     assert "another process is the cause" in DECIDING_OOM and "a KV connector, a trainer" in DECIDING_OOM
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + OOM.format(held="60.00"))
-    assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for and t.deciding == ()
+    assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for
+    assert t.cause == "another-process" and t.deciding == ("budget",)  # it rests on the utilization, assumed
+
+
+def test_a_concluded_cause_names_the_terms_it_rests_on_that_the_report_does_not_state():
+    """A cause is concluded from the report's figures where it states them and from kvaudit's prediction where it does
+    not; the terms it rests on that the report does not state are named, and asked for, as an undecided answer's are
+    (``RESTS_ON``): the weights from a model's name, but not from vLLM's "Model loading took" line."""
+    from kvaudit.triage.causes import DECIDING
+
+    loaded = "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 70.5 GiB memory and 20.1 seconds\n"
+    t = _cause("vllm serve /models/x --gpu-memory-utilization 0.8\n" + loaded + OOM.format(held="78.00"))
+    assert t.cause == "weights" and "weights" not in t.deciding  # the log states them, and the device (torch's line)
+    assert t.deciding == () and DECIDING["weights"] not in t.ask_for
+    t = _cause("vllm serve /models/llama-3-70b-instruct --gpu-memory-utilization 0.8\nit crashes with CUDA OOM on one "
+               "A100 80GB while loading")
+    assert t.cause == "weights" and "weights" in t.deciding  # 70B × 2 bytes, from the name: a prediction
+    assert DECIDING["weights"] in t.ask_for
+    assert "**What decides, and the report lacks**: the weights each rank loaded" in t.to_markdown()
+
+
+@pytest.mark.parametrize("shown, named", [
+    ("", True), ("| NVIDIA-SMI 535.54.03              Driver Version: 535.54.03    CUDA Version: 12.2     |\n", False)])
+def test_a_driver_failure_rests_on_the_driver_release_unless_the_smi_header_states_it(shown, named):
+    t = triage(shown + "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).")
+    assert t.verdict == PLAN_NOT_INVOLVED and t.cause == "driver"
+    assert ("release" in t.deciding) is named and any("Driver Version" in a for a in t.ask_for) is named
+
+
+@pytest.mark.parametrize("shown, named", [
+    ("", True), ("Mem:           503Gi        41Gi       400Gi\n", False), ("docker run --shm-size=10gb vllm\n", False)])
+def test_a_host_memory_failure_rests_on_the_hosts_memory_unless_the_report_shows_it(shown, named):
+    t = triage(shown + "vllm serve /models/x\nRayOutOfMemoryError: Task was killed due to the node running low on memory.")
+    assert t.verdict == PLAN_NOT_INVOLVED and t.cause == "host-memory"
+    assert ("host memory" in t.deciding) is named
 
 
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():

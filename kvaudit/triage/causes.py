@@ -136,15 +136,67 @@ DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit 
 DECIDING_WEIGHTS = ("the weights each rank loaded (the start-up log's \"Model loading took X GiB\", or the checkpoint "
                     "and its quantization): over vLLM's budget, they are the term that grew (a larger TP, a smaller "
                     "checkpoint); within it, the activations did (a smaller batch)")
-DECIDING = {"failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT,
-            "budget": DECIDING_BUDGET, "weights": DECIDING_WEIGHTS}
-_SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
+DECIDING = {
+    "failing allocation": DECIDING_OOM, "outside this process": DECIDING_SMI, "component": DECIDING_COMPONENT,
+    "budget": DECIDING_BUDGET, "weights": DECIDING_WEIGHTS,
+    "device memory": "the device and the memory torch sees on it (`nvidia-smi`'s Memory-Usage total, or `npu-smi "
+                     "info`): vLLM's budget is the utilization's share of it, and the weights must fit in that share",
+    "peak activation": "the start-up log's memory profile (the lines after \"Model loading took\": the profile run's "
+                       "peak, \"Available KV cache memory\"), or the traceback's phase: the profile run's activations "
+                       "grow with `--max-num-seqs`, `--max-num-batched-tokens` and a multimodal model's dummy inputs; "
+                       "more than the weights leave of the budget, and they are what ran out",
+    "graphs": "the start-up log from \"Capturing CUDA graphs\" on (\"Graph capturing finished in N secs, took X "
+              "GiB\"): graphs are captured after the KV cache took its share, so an error after that line is the "
+              "graphs' (`--enforce-eager` confirms it)",
+    "KV for one request": "the max_model_len the engine ran with and the start-up log's KV lines (\"GPU KV cache size: "
+                          "N tokens\", \"Maximum concurrency for N tokens per request\"): a KV budget that holds "
+                          "fewer tokens than one request of max_model_len is the cause, and a smaller `--max-model-len` "
+                          "the fix",
+    "KV budget": "the start-up log's \"Available KV cache memory: X GiB\" (or \"# GPU blocks\"): at or below zero, the "
+                 "weights and activations fill the budget; above it, the KV cache was planned and something later ran "
+                 "out",
+    "host memory": "the host's memory when it failed (`free -g`, the container's memory limit, `df -h /dev/shm` and "
+                   "`--shm-size`), and `dmesg | grep -i oom`: a process the kernel killed, or a full /dev/shm, is the "
+                   "host's memory running out, not the device's",
+    "release": "the driver's and the runtime's releases (`nvidia-smi`'s header: Driver Version and CUDA Version; or "
+               "`npu-smi info` and the CANN version) beside the CUDA or CANN the torch build needs: a driver older "
+               "than the build needs, or one with a known fault, is the cause",
+}
+_ASKED_FOR_CAUSE = {
+    ("collective-library", "failing allocation"): "the collective library's own log of the failure (`NCCL_DEBUG=INFO`, "
+    "or HCCL's plog on Ascend): which resource it failed to allocate (a /dev/shm segment, device memory, a socket) "
+    "decides whether the host's shared memory, the device or the network is short",
+}
+SAID = {"failing allocation": "the failing allocation", "outside this process": "the memory held outside this process",
          "component": "the KV connector's own allocations", "budget": "the utilization the engine ran with",
-         "weights": "the weights each rank loaded"}
-"""The ledger terms that decide a runtime out-of-memory failure where the report lacks them, and the question that
-asks for each with what each answer would mean: the failing allocation with the free memory it met (torch's line),
-the memory held outside the process (the smi table), and a KV connector's own allocations (its release and
-settings), which vLLM's budget does not hold."""
+         "weights": "the weights each rank loaded", "device memory": "the device's memory",
+         "peak activation": "the profile run's activation peak", "graphs": "the graphs' memory",
+         "KV for one request": "the KV one request of max_model_len needs", "KV budget": "the KV budget",
+         "host memory": "the host's memory", "release": "the driver's and runtime's releases"}
+"""The terms that decide an out-of-memory failure where the report lacks them (ledger terms, and the KV connector's
+own allocations, the host's memory and the driver's release), and the question that asks for each with what each
+answer would mean: the failing allocation with the free memory it met (torch's line), the memory held outside the
+process (the smi table), a KV connector's own allocations (its release and settings), and each term of vLLM's
+budget as the start-up log states it. ``_ASKED_FOR_CAUSE``: the question where a cause asks for a term otherwise."""
+
+RESTS_ON = {
+    "weights": ("weights", "device memory"),
+    "no-room-for-kv-cache": ("weights", "peak activation"),
+    "budget-too-small-for-max-model-len": ("KV for one request",),
+    "another-process": ("outside this process", "budget"),
+    "outside-budget": ("failing allocation", "budget"),
+    "budget-did-not-fit": ("outside this process", "budget"),
+    "utilization-too-high": ("outside this process", "budget"),
+    "default-changed": ("failing allocation",),
+    "host-memory": ("host memory",),
+    "collective-library": ("failing allocation",),
+    "driver": ("release",),
+}
+"""The terms each concluded cause (``CAUSES``) rests on: the two sides of its inequality (the weights against the
+device; the weights and activations filling the budget; what is held outside against what the utilization leaves),
+or the fact a failure outside vLLM's budget turns on. (A cause the phase decides, graph capture or the profile run,
+rests on the phase, which the report shows wherever it is concluded.) ``rests_on`` names those the
+report does not state: the answer then rests on kvaudit's prediction, or on a reading the report cannot confirm."""
 
 
 def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
@@ -193,9 +245,40 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def asks(terms: list[str]) -> list[str]:
-    """The question for each deciding term."""
-    return [DECIDING[t] for t in terms]
+def asks(terms: list[str], cause: str | None = None) -> list[str]:
+    """The question for each deciding term (where ``cause`` asks for it otherwise, that question)."""
+    return [_ASKED_FOR_CAUSE.get((cause, t), DECIDING[t]) for t in terms]
+
+
+def rests_on(ev: Evidence, values: dict[str, Sourced], cause: str | None) -> list[str]:
+    """The terms an answer rests on and the report does not state: for an undecided one (``cause`` "unknown"), those
+    that decide it (``deciding_terms``); for a concluded one, those of ``RESTS_ON``; none for the allocator's verdict
+    (``cause`` ``None``), which kvaudit's audit decides."""
+    if cause == "unknown":
+        return deciding_terms(ev, values)
+    return [t for t in RESTS_ON.get(cause or "", ()) if not _stated(ev, values, t)]
+
+
+def _stated(ev: Evidence, values: dict[str, Sourced], term: str) -> bool:
+    """Whether the report states ``term``: a line of vLLM's log (``kvaudit.triage.ledger.REPORTED``), torch's
+    out-of-memory line or a smi table, the launch's utilization, the device's memory, the host's memory (`free`,
+    `--shm-size`), the driver's release."""
+    from kvaudit.triage import ledger
+
+    if term in ledger.REPORTED and ledger.reported(ev, term) is not None:
+        return True
+    if term == "budget":
+        u = values.get("gpu_memory_utilization")
+        return u is not None and not u.source.startswith("assumed")
+    if term == "weights":
+        return "weights" in values and values["weights"].source.startswith(("line ", "title"))
+    checks = {"device memory": lambda: bool(stated_device(values)),
+              "KV for one request": lambda: ev.first("kv_capacity_error") is not None,
+              "failing allocation": lambda: ev.value("oom") is not None,
+              "outside this process": lambda: _figures_shown(ev),
+              "host memory": lambda: ev.first("host_memory") is not None,
+              "release": lambda: ev.first("driver_version") is not None}
+    return checks[term]() if term in checks else False
 
 
 @dataclass
@@ -551,7 +634,7 @@ def cause_of(ev: Evidence, values: dict[str, Sourced], T: int | None,
     if found is None:
         terms = deciding_terms(ev, values)
         found = _Finding("unknown", "nothing in the allocator to fix; the cause rests on ledger terms the report does "
-                         "not show: " + _listed([_SAID[t] for t in terms]) + " (asked for below)." if terms
+                         "not show: " + _listed([SAID[t] for t in terms]) + " (asked for below)." if terms
                          else f"nothing in the allocator to fix; {CAUSES['unknown']}.")
     cause, text, actions, rec_u, rec_kv, A = found.cause, found.text, found.actions, found.rec_u, None, c.A
     shortfall = (oom.tried - oom.free) if oom is not None and oom.free is not None else None

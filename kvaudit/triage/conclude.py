@@ -22,8 +22,8 @@ from kvaudit.model.deployment import DEVICES, PRESETS, Deployment, load_model, l
 from kvaudit.model.hub import names_hub_model
 from kvaudit.model.spec import ModelSpec
 from kvaudit.triage.commands import OWN_READER
-from kvaudit.triage.causes import (CAUSES, asks, cause_of, deciding_terms, phase_of, release_changes, stated_device,
-                                   weights_per_rank)
+from kvaudit.triage.causes import (CAUSES, SAID, asks, cause_of, deciding_terms, phase_of, release_changes,
+                                   rests_on, stated_device, weights_per_rank)
 from kvaudit.triage.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.triage.sourced import Sourced, assumed, from_fact, short, where
 from kvaudit.units import fmt_bytes
@@ -135,7 +135,8 @@ class Triage:
         if self.inequality:
             out += [f"**What breaks**: {md(self.inequality)}", ""]
         if self.deciding:
-            out += [f"**What decides, and the report lacks**: {md(', '.join(self.deciding))} (asked for below)", ""]
+            out += [f"**What decides, and the report lacks**: {md(', '.join(SAID.get(t, t) for t in self.deciding))} "
+                    "(asked for below)", ""]
         if self.comparison:
             out += ["**Prediction vs report**", "", "| " + " | ".join(md(h, cell=True) for h in self.comparison_header)
                     + " |", "|" + "---|" * len(self.comparison_header)]
@@ -581,9 +582,11 @@ def _refused_start(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, ev
     when = ("vLLM refuses to start" if breach.cause != "weights" else "the weights do not fit")
     headline = (f"{when}: {breach.inequality}. {CAUSES[breach.cause][0].upper()}{CAUSES[breach.cause][1:]}; no KV "
                 "cache was allocated, so no allocator is involved.")
+    terms = rests_on(ev, values, breach.cause)
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
-                  ask_for=tuple(missing), recommended_utilization=rec_u, cause=breach.cause, phase=phase_of(ev),
-                  planned_with=vllm_version(), ledger=led, inequality=breach.inequality)
+                  ask_for=tuple(dict.fromkeys(asks(terms, breach.cause) + list(missing))), recommended_utilization=rec_u,
+                  cause=breach.cause, phase=phase_of(ev), planned_with=vllm_version(), ledger=led,
+                  inequality=breach.inequality, deciding=tuple(terms))
 
 
 def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
@@ -709,9 +712,10 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
              "part.")
     action = ACTIONS.get(kind, plain) if found or kind != "not-out-of-memory" else plain  # (a device's advice only
     # where a device's failure was read)
+    terms = rests_on(ev, values, kind)
     return Triage(PLAN_NOT_INVOLVED, None, f"Not a device out-of-memory failure, so vLLM's KV-cache plan and its "
                   f"allocator are not involved: {cause_text}.", tuple(evidence), shown, actions=(action,),
-                  cause=kind, phase=phase_of(ev))
+                  ask_for=tuple(asks(terms, kind)), cause=kind, phase=phase_of(ev), deciding=tuple(terms))
 
 
 def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evidence: list[str],
@@ -751,8 +755,7 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
     cause, text, actions, rec_u, rec_kv = cause_of(ev, values, T, u)
     headline = f"The allocation is not the cause: {why}; {text}"
     return Triage(MATCHES_PLAN, None, headline, tuple(evidence), values, actions=tuple(actions),
-                  ask_for=tuple(dict.fromkeys(asks(terms := deciding_terms(ev, values) if cause == "unknown" else [])
-                                              + list(missing))),
+                  ask_for=tuple(dict.fromkeys(asks(terms := rests_on(ev, values, cause), cause) + list(missing))),
                   recommended_utilization=rec_u, recommended_kv_cache_memory_bytes=rec_kv,
                   cause=cause, phase=phase_of(ev), deciding=tuple(terms))
 
@@ -931,7 +934,7 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
         headline, actions, rec_u, rec_kv, fixed_in = _allocator_finding(cand, r, fixed, d, inputs, verdict)
     return Triage(verdict, round(r.ratio, 4), " ".join([headline] + notes), tuple(evidence), values, tuple(rows),
                   header, tuple(actions),
-                  tuple(dict.fromkeys(asks(terms := deciding_terms(ev, values) if cause == "unknown" else []) + list(missing))),
+                  tuple(dict.fromkeys(asks(terms := rests_on(ev, values, cause), cause) + list(missing))),
                   rec_u, rec_kv, fixed_in,
                   cause, version_needed, releases, planned_with, phase_of(ev), tuple(r for _, r in audited),
                   deciding=tuple(terms))

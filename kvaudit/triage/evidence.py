@@ -315,6 +315,14 @@ _SIMPLE = [
      lambda m: int(m["v"])),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
                                 r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"])),
+    # the driver's release as nvidia-smi's header ("Driver Version: 535.54.03"), collect_env ("Nvidia driver version:
+    # 535.54.03") and npu-smi's header ("npu-smi 23.0.rc2   Version: 23.0.rc2") print it
+    ("driver_version", re.compile(r"(?:\b[Dd]river [Vv]ersion|npu-smi \S+\s+Version)\s*:\s*(?P<v>\d[\w.-]*)"),
+     lambda m: m["v"]),
+    # the host's memory as `free` prints it ("Mem:  503Gi  41Gi ...") and the shared memory a container is given
+    # ("--shm-size=10gb", compose's "shm_size: '16gb'")
+    ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
+                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"]),
 ]
 _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d+)* pid=\d+\)")
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
@@ -446,6 +454,8 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),
     ('卡', 'cards', 'gpus', 'npus'),
     ('*', '×'),
+    ('driver version', 'npu-smi'),
+    ('mem:', 'shm'),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
 lines hold none, and a substring test costs a fraction of a regex search."""
