@@ -575,6 +575,37 @@ def test_a_model_named_by_its_path_is_the_whole_path_to_its_last_folder(line, na
     assert ({f.value for f in ev.all("model_mention")} or {None}) == {named}
 
 
+@pytest.mark.parametrize("line, named", [
+    ("I used vllm 0.8.0 to deploy whisper-large-v3-turbo . The model is only 1.6G", "whisper-large-v3-turbo"),  # vllm#15216
+    ("04-GLM-4-9B-Chat vLLM 部署调用显存溢出问题", "GLM-4-9B-Chat"),  # datawhalechina/self-llm#162: a numbered heading
+    ("python -m vllm.entrypoints.openai.api_server then load opt-125m", "opt-125m"),
+    ("we compared it with GPT-4 and Aria", None),  # a closed model; a family's name alone is a word
+    ("step1: clone my-qwen-finetune", None),  # an English word with a digit; a name's tail
+])
+def test_a_model_of_a_family_in_vllms_registry_is_read_where_a_digit_follows_its_name(line, named):
+    """Families come from vLLM's own registry (``model_families.json``, written by ``scripts/model_families.py``)."""
+    ev = extract(clean_lines(line))
+    assert ({f.value for f in ev.all("model_mention")} or {None}) == {named}
+
+
+def test_the_model_families_are_those_of_the_registries_of_the_tested_vllms():
+    """``model_families.json`` is what ``scripts/model_families.py`` reads from the installed vLLM's registry (with
+    ``ast``): a family vLLM adds or drops shows here first."""
+    import importlib.util
+    from pathlib import Path
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import model_families
+    finally:
+        sys.path.pop(0)
+    registry = Path(importlib.util.find_spec("vllm").origin).parent / "model_executor" / "models" / "registry.py"
+    found, _ = model_families.families(registry)
+    shipped = set(json.loads((ROOT / "kvaudit" / "triage" / "model_families.json").read_text())["families"])
+    assert found <= shipped and {"whisper", "glm", "opt", "internlm", "mistral"} <= shipped
+    assert not shipped & model_families.EXCLUDED
+
+
 def test_curly_quotes_a_forum_printed_are_read_as_the_straight_ones_the_log_had():
     """discuss.vllm.ai#1602: Discourse turned the quotes of the pasted start-up log curly."""
     ev = extract(clean_lines("INFO 09-13 13:31:16 [cli_args.py:261] non-default args: {\u2018model_tag\u2019: "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -272,10 +273,11 @@ _IMPORT = re.compile(r"^\s*(?:import (?:torch|vllm)\b|from (?:torch|vllm)\b)")
 _SET_CVD = re.compile(r"""os\.environ\[\s*["']CUDA_VISIBLE_DEVICES["']\s*\]\s*=""")
 _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>\S+)")
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
-_MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?<!parser )(?<!parser=)(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
+_MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.])(?<![A-Za-z_/.-]-)(?<!parser )(?<!parser=)(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
                             r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
-"""A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card")."""
+"""A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card"; a numbered heading's
+"04-GLM-4-9B-Chat", but not a name's tail, "my-qwen")."""
 _TICKED = re.compile(r"`(?P<v>[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,95})`")
 """A name quoted as code in a sentence; a model where it reads as a Hub id (``kvaudit.model.hub.is_hub_id``)."""
 _LSCPU = re.compile(r"^\s*(?:Architecture|CPU op-mode\(s\)|Vendor ID|BIOS Vendor ID|CPU\(s\)):", re.MULTILINE)
@@ -477,9 +479,16 @@ _NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "l4", "060", "070
                   "a40", "v100", "p100", "p40", "t4", "910b")
 _MODEL_WORDS = ("qwen", "qwq", "llama", "mixtral", "deepseek", "kimi", "gemma", "gpt-oss", "glm", "minimax", "nemotron",
                 "granite", "falcon", "jamba")
+_FAMILIES = tuple(f for f in json.loads((Path(__file__).with_name("model_families.json")).read_text())["families"]
+                  if not any(f.startswith(w) for w in _MODEL_WORDS))
+"""The model families of vLLM's own registry (``scripts/model_families.py``) beside those ``_MODEL_MENTION`` names."""
+_FAMILY_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?:" + "|".join(sorted(_FAMILIES, key=len, reverse=True))
+                             + r")(?=[\w.-]*\d)[\w.-]*", re.IGNORECASE)
+"""A model of one of vLLM's families named in prose, with a digit in the name ("whisper-large-v3-turbo",
+"opt-125m"): the family alone ("Aria", "solar") is a word."""
 if len(_SIMPLE_WORDS) != len(_SIMPLE) or len(_PROSE_WORDS) != len(_PROSE_FACTS):
     raise ImportError("kvaudit.triage.evidence: every line pattern needs its words (_SIMPLE_WORDS, _PROSE_WORDS)")
-_WORDS = tuple(sorted({w for words in _SIMPLE_WORDS + (_NOMINAL_WORDS, _MODEL_WORDS) for w in words} |
+_WORDS = tuple(sorted({w for words in _SIMPLE_WORDS + (_NOMINAL_WORDS, _MODEL_WORDS, _FAMILIES) for w in words} |
                      {w for groups in _PROSE_WORDS for words in groups for w in words}))
 def _nominal_gb(m: re.Match) -> int | None:
     return int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
@@ -489,7 +498,8 @@ _RULES = tuple((key, rx, conv, tuple(map(frozenset, groups))) for key, rx, conv,
     *((key, rx, conv, (words,)) for (key, rx, conv), words in zip(_SIMPLE, _SIMPLE_WORDS)),
     *((key, rx, conv, groups) for (key, rx, conv), groups in zip(_PROSE_FACTS, _PROSE_WORDS)),
     ("device_nominal_gb", _NOMINAL, _nominal_gb, (_NOMINAL_WORDS,)),
-    ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,))))
+    ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,)),
+    ("model_mention", _FAMILY_MENTION, lambda m: m.group(0).rstrip(".-"), (_FAMILIES,))))
 """Every line pattern with the words (groups of alternatives, all groups met) a line must hold first."""
 
 PHASES = {
