@@ -588,6 +588,28 @@ def test_a_model_of_a_family_in_vllms_registry_is_read_where_a_digit_follows_its
     assert ({f.value for f in ev.all("model_mention")} or {None}) == {named}
 
 
+def test_settings_in_a_reporters_shorthand_are_read_and_a_device_count_is_no_part_of_a_models_name():
+    """vllm#3285: the title "Mixtral 4x 4090 OOM" names the model and the rig; the text "TP 4, model len 1000"."""
+    ev = extract(clean_lines("Mixtral 4x 4090 OOM\nHi! TP 4, model len 1000, enforce eager; RTX 4090 TP 4090"))
+    assert [f.value for f in ev.all("model_mention")] == ["Mixtral"]
+    assert [f.value for f in ev.all("tp_prose")] == [4] and [f.value for f in ev.all("mml_prose")] == [1000]
+    assert [f.value for f in extract(["Running Llama 3 70B on A100"]).all("model_mention")] == ["Llama 3 70B"]
+
+
+def test_a_titles_model_is_the_fullest_name_the_text_gives_it():
+    """A blog's title names "Qwen3.5-35B"; its text the checkpoint, cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit, whose 4-bit
+    weights are a quarter of what the title's name would give. Two fuller names that differ leave the title's."""
+    t = triage("Running Qwen3.5-35B on an RTX 5090\nThe model in question is cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit, a "
+               "community quantization.\nRuntimeError: CUDA out of memory")
+    assert t.deployment["model"].value == "cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit"
+    from kvaudit.triage.conclude import _fullest
+    from kvaudit.triage.evidence import Fact
+
+    said = [Fact("model_mention", name, n, name) for n, name in enumerate(("Qwen", "Qwen2-7B", "Qwen2-72B"))]
+    assert _fullest(said[0], said) is said[0]
+    assert _fullest(said[0], said[:2]) is said[1]
+
+
 def test_the_model_families_are_those_of_the_registries_of_the_tested_vllms():
     """``model_families.json`` is what ``scripts/model_families.py`` reads from the installed vLLM's registry (with
     ``ast``): a family vLLM adds or drops shows here first."""

@@ -244,16 +244,31 @@ def _model(ev: Evidence) -> tuple[Fact | None, tuple[str, bool] | None]:
             and _letters(mentions[0].value) in _letters(url.value)):
         return url, preset_for_model(url.value)
     if mentions and mentions[0].line in titled and preset_for_model(mentions[0].value) is None:
-        return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None  # the title's model
+        named = _fullest(mentions[0], mentions)  # the title's model, as the body names it most fully
+        return Fact("model", named.value.strip(), named.line, named.text), preset_for_model(named.value)
     if url is not None and not (mentions and mentions[0].line in titled):  # where no launch, log or title names one
         return url, preset_for_model(url.value)
     for f in mentions:  # "Running Llama 3 70B on A100": the name with its size
         match = preset_for_model(f.value)
         if match is not None:
-            return Fact("model", f.value.strip(), f.line, f.text), match
+            f = _fullest(f, mentions)
+            return Fact("model", f.value.strip(), f.line, f.text), preset_for_model(f.value)
     if mentions:  # a model kvaudit ships no config of: named, and its config asked for
-        return Fact("model", mentions[0].value.strip(), mentions[0].line, mentions[0].text), None
+        named = _fullest(mentions[0], mentions)
+        return Fact("model", named.value.strip(), named.line, named.text), preset_for_model(named.value)
     return None, None
+
+
+def _fullest(f: Fact, mentions: list[Fact]) -> Fact:
+    """The mention that names ``f``'s model most fully, where the report's longer names of it agree ("Qwen3.5-35B" in
+    a title, "cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit" in the text: its quantization and its Hub id); ``f`` where none is
+    longer, or two longer ones differ ("Qwen" beside "Qwen2-7B" and "Qwen2-72B")."""
+    key = _letters(f.value)
+    longer = {_letters(m.value): m for m in mentions if key in _letters(m.value) and _letters(m.value) != key}
+    if not longer:
+        return f
+    fullest = max(longer, key=len)
+    return longer[fullest] if all(k in fullest for k in longer) else f
 
 
 _SIZED = re.compile(r"\d(?:\.\d+)?\s*[BbMm](?![A-Za-z])")

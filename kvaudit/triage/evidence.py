@@ -275,9 +275,11 @@ _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
 _MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.])(?<![A-Za-z_/.-]-)(?<!parser )(?<!parser=)(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
-                            r"(?:[ -](?:\d[\w.]*|v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash)(?![A-Za-z0-9_.]))*", re.IGNORECASE)
+                            r"(?:(?:-\d[\w.]*|[ ](?:\d{1,2}(?:\.\d{1,2})?|\d{1,4}(?:\.\d{1,2})?[BM]|\d{1,2}x\d{1,4}(?:\.\d)?B)|"
+                            r"[ -](?:v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash))(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card"; a numbered heading's
-"04-GLM-4-9B-Chat", but not a name's tail, "my-qwen")."""
+"04-GLM-4-9B-Chat", but not a name's tail, "my-qwen"). After a blank, a version ("Llama 3"), a size ("70B", "8x7B")
+or a variant continues the name; a device count or a GPU ("Mixtral 4x 4090") does not."""
 _TICKED = re.compile(r"`(?P<v>[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,95})`")
 """A name quoted as code in a sentence; a model where it reads as a Hub id (``kvaudit.model.hub.is_hub_id``)."""
 _LSCPU = re.compile(r"^\s*(?:Architecture|CPU op-mode\(s\)|Vendor ID|BIOS Vendor ID|CPU\(s\)):", re.MULTILINE)
@@ -351,8 +353,9 @@ _SIZED_MODEL = re.compile(r"(?<![A-Za-z0-9_/.-])(?:/?(?:[\w.-]{1,80}/){1,10}(?=[
                           r"\d{1,4}(?:\.\d)?[BbMm](?:[-_][A-Za-z0-9.]{1,20}){0,4}(?![A-Za-z0-9_.])")
 """A model as people name it, by its parameter count ("baichuan-13b", "qwen2VL-7b-awq", "vicuna7b_v1.3",
 "Qwen3-30B-A3B"): a name, then the size in billions (B) or millions (M)."""
-_TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)[ \t]*[=:：][ \t]*(?P<v>[1-9]\d{0,2})(?![\d.])")
-"""A TP the reporter states ("with tensor_parallel_size=4", "TP: 8")."""
+_TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]size)?)(?:[ \t]*[=:：][ \t]*|[ \t]+)"
+                       r"(?P<v>[1-9]\d{0,2})(?![\d.])")
+"""A TP the reporter states ("with tensor_parallel_size=4", "TP: 8", "TP 4, model len 1000")."""
 _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption|"
                               r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
                               r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))",
@@ -936,7 +939,7 @@ _GROWTH_WORDS = ("grow", "increas", "rising", "rises", "climb", "goes up", "goin
 _UTIL_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:gpu[_ -]memory[_ -]utili[sz]ation|utili[sz]ation|util|利用率)[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|"
                          r"为|设置为|设为|设置成|改为)?[ \t]*(?P<v>0?\.\d{1,3}|1\.0)(?![\d.])", re.IGNORECASE)
 """A utilization the reporter states ("I set gpu_memory_utilization to 0.95", "utilization 0.4")."""
-_MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[ \t]+)?set[ \t]+(?:to[ \t]+)?|max[_ -]model[_ -]len(?:gth)?"
+_MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[ \t]+)?set[ \t]+(?:to[ \t]+)?|(?:max[_ -])?model[_ -]len(?:gth)?"
                         r"[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*)"
                         r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
@@ -952,7 +955,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
     ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
                                             "video memory", "memory usage", "memory consumption", "memory footprint",
                                             "显存"),)),
-    ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "parallel"),)),
+    ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "tp ", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
     ("serving_oom", _SERVING_OOM, (("oom", "out of memory", "显存"), (
