@@ -301,6 +301,21 @@ def test_a_host_memory_failure_rests_on_the_hosts_memory_unless_the_report_shows
     assert ("host memory" in t.deciding) is named
 
 
+@pytest.mark.parametrize("text, host", [
+    # vllm-ascend#7661: the host's RAM, in Chinese, named with its use, and nothing of the NPU's memory
+    ("[Performance]: 310P docker部署宿主机RAM占用过高\nNPU：Atlas 300Duo\n宿主机ram内存占用高达12g", True),
+    # vllm#2345: a leak shown by ps's RSS column (the host's), not by any device figure
+    ("memory leak in v0.2.7\nUSER  PID %CPU %MEM    VSZ   RSS TTY STAT START TIME COMMAND\n"
+     "root  42  101  9.8 123456 9876543 ?  Sl  10:00 5:00 ray::RayWorkerVllm", True),
+    # vllm#18156: "RAM" of a GPU is the device's
+    ("each A10 GPU has 24G RAM? so we have 24*4 G?\nI couldn't serve it on 4A10 it always give me OOM.", False),
+    ("RAM usage is 20 GB\n" + OOM.format(held="78.00"), False),  # torch's line: the device ran out
+])
+def test_a_report_that_names_only_the_hosts_memory_is_about_the_hosts_memory(text, host):
+    t = triage(text)
+    assert (t.verdict == PLAN_NOT_INVOLVED and t.cause == "host-memory") is host, t.headline
+
+
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""

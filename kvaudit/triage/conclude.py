@@ -698,16 +698,37 @@ def _device_ran_out(ev: Evidence) -> bool:
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 
+_USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow", re.IGNORECASE)
+"""A line that says how much of a memory is used, or that it grows ("宿主机RAM占用过高"), not a spec sheet's size."""
+
+
+def _host_only(ev: Evidence) -> Fact | None:
+    """The line naming the host's memory where the report says memory ran out, grew or is used (there, or anywhere)
+    and names only the host's ("CPU memory", "RAM", ps's RSS, "内存"): no device's memory named, no torch out-of-memory line, no figure
+    of the device's (its KV budget, a smi table, vLLM's refusal). ``None`` otherwise."""
+    named = ev.all("host_memory_named")
+    said = ev.first("oom_mentioned", "memory_growth", "memory_question", "not_released")
+    host = named[0] if said is not None and named else next((f for f in named if _USE.search(f.text)), None)
+    if host is None:
+        return None
+    device = ev.first("device_memory_named", "oom", "available_kv", "kv_capacity_error", "hbm_used_mb",
+                      "device_process_mb", "gpu_blocks", "collective_saw_oom")
+    return host if device is None else None
+
+
 def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> Triage | None:
     """A failure that is not the device running out (``kvaudit.triage.failures``: the host's memory, NCCL/HCCL, the
     driver; or an error that is no memory error at all): the plan is not involved, and what is, said plainly."""
     from kvaudit.triage.failures import ACTIONS, DRIVER, HOST, WHAT_IS, blames_driver
 
-    if _device_ran_out(ev):
+    host = _host_only(ev)
+    if _device_ran_out(ev) and host is None:
         return None
     changed = bool(release_changes(ev))
     found = [f for f in ev.all("outside")  # a SIGKILL where a release change explains more memory: no host finding
              if not (changed and f.value[0] == HOST and f.value[1].startswith("kernel"))]
+    if not found and host is not None:
+        found = [Fact("outside", (HOST, "the host's memory named, and no device's"), host.line, host.text)]
     title = ev.first("title")
     errors = ev.all("exception")
     if found:
