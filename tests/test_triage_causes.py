@@ -316,6 +316,20 @@ def test_a_report_that_names_only_the_hosts_memory_is_about_the_hosts_memory(tex
     assert (t.verdict == PLAN_NOT_INVOLVED and t.cause == "host-memory") is host, t.headline
 
 
+def test_where_the_report_shows_no_launch_the_terms_its_settings_decide_are_asked_for_as_one_question():
+    """vllm-ascend#2422's maintainers asked first for the launch ("can you share your start CLI"): without it, the
+    utilization, max_model_len and max_num_seqs are unknown, and with them the budget, the KV one request needs and
+    the profile run's peak. A launch that leaves a setting out runs vLLM's default: nothing is then unknown."""
+    from kvaudit.triage.causes import DECIDING_LAUNCH
+
+    t = triage("Qwen2-7B-Instruct runs out of memory on one A100 40GB\nit crashes with CUDA OOM after a while")
+    assert t.cause == "unknown" and t.deciding[-3:] == ("budget", "KV for one request", "peak activation")
+    assert t.ask_for.count(DECIDING_LAUNCH) == 1 and not any("gpu_memory_utilization` the engine" in a
+                                                             for a in t.ask_for)
+    t = triage("vllm serve Qwen/Qwen2-7B-Instruct --max-model-len 4096\nit crashes with CUDA OOM after a while")
+    assert not set(t.deciding) & {"budget", "KV for one request", "peak activation"} and DECIDING_LAUNCH not in t.ask_for
+
+
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""

@@ -126,9 +126,7 @@ HELD_OUT_1 = ROOT / "fixtures" / "reports" / "held-out-1"
 HELD_OUT_1_EXPECTED = _expected(HELD_OUT_1)
 MISSED_1 = {
     "vllm-14992.txt": "a commit on main, no release named: the V1 default it changed is not read",
-    "vllm-15216.txt": "the profile run's batch for an audio model is not in the report's figures",
     "vllm-17238.txt": "the fix (a smaller max_num_seqs) is the profile's, the refusal says no room",
-    "vllm-18550.txt": "images per prompt in the profile run are not read",
     "vllm-188.txt": "pinned host memory under WSL is not named",
     "vllm-3285.txt": "the weights of fp16 Mixtral against 4 GPUs are not planned from the name alone",
     "vllm-ascend-1465.txt": "large images while serving show as a TimeoutError",
@@ -155,7 +153,6 @@ MISSED_LATER = {
         "vllm-1084.txt": "a WSL pin_memory warning, no failure",
         "vllm-11251.txt": "0.6.4's profile change is read; the thread names graph memory outside the budget",
         "vllm-1354.txt": "'No available memory' where the thread says the weights do not fit",
-        "vllm-13582.txt": "the utilization that failed is not in the report",
         "vllm-1449.txt": "a question with no model or device",
         "vllm-4369.txt": "'model weights took 13.37' in prose, an MoE's active size in its name",
         "vllm-5993.txt": "CUDA_VISIBLE_DEVICES set after import is read as the cause",
@@ -163,7 +160,6 @@ MISSED_LATER = {
         "vllm-ascend-168.txt": "an ACL invalid-device error is read as not memory, the thread says the runtime",
     },
     "held-out-3": {
-        "vllm-1573.txt": "a derived max model len the report does not state",
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
         "vllm-50159.txt": "Model Runner V2 named reads as its default change; the thread names the load",
         "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",
@@ -175,7 +171,6 @@ MISSED_LATER = {
         "vllm-14450.txt": "LoRA memory left out of vLLM's sizing fits no verdict triage gives",
         "vllm-18446.txt": "V1's larger CUDA graphs named only as 'works on V0'",
         "vllm-2352.txt": "memory use asked about with no failure and no question mark",
-        "vllm-ascend-2422.txt": "the thread asked for logs; triage concludes",
         "vllm-ascend-4026.txt": "EL0004 'Failed to allocate memory' where the thread says 310P is unsupported",
         "vllm-ascend-6676.txt": "a CANN SoC mismatch is not named as the driver",
         "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",

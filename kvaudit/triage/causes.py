@@ -205,7 +205,8 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     this process where neither that line nor a smi table tells it, and with either, the KV connector's own
     allocations where the report runs one and the failing frames do not show them. Where the figures show what was
     held outside and nothing breaks, the utilization decides if the report does not state it; where this process held
-    more than vLLM's budget, the failing allocation's traceback and the weights decide which budgeted term grew."""
+    more than vLLM's budget, the failing allocation's traceback and the weights decide which budgeted term grew; where
+    the report shows no launch, the terms its settings decide (``_launch_terms``)."""
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
     u = values.get("gpu_memory_utilization")
@@ -217,7 +218,21 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
     if not terms and _figures_shown(ev) and (u is None or u.source.startswith("assumed")):
         return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
+    if terms and ev.first("launch_parser") is None:
+        terms += _launch_terms(ev, values)
     return terms
+
+
+def _launch_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
+    """Where the report shows no launch at all (no command line, ``LLM(...)`` call or engine-config line), the terms
+    of vLLM's budget its settings decide and the report does not state otherwise: the budget (the utilization), the
+    KV one request needs (max_model_len) and the profile run's activation peak (max_num_seqs and
+    max_num_batched_tokens). A launch that leaves a setting out runs vLLM's default, which is then known."""
+    u = values.get("gpu_memory_utilization")
+    mml = values.get("max model len")
+    return ([] if u is not None and not u.source.startswith("assumed") else ["budget"]) + (
+        [] if mml is not None and not mml.source.startswith("assumed") else ["KV for one request"]) + (
+        [] if ev.first("max_num_seqs", "max_num_batched_tokens") is not None else ["peak activation"])
 
 
 def _figures_shown(ev: Evidence) -> bool:
@@ -245,9 +260,26 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+DECIDING_LAUNCH = ("the launch: the `vllm serve` command line or the `LLM(...)` call with every argument (or the start-up "
+                   "log's \"non-default args\" line): its `--gpu-memory-utilization` sets vLLM's budget, "
+                   "`--max-model-len` the KV cache one request needs, and `--max-num-seqs` / `--max-num-batched-tokens` "
+                   "the profile run's activation peak; a setting it leaves out is vLLM's default")
+LAUNCH_TERMS = ("budget", "KV for one request", "peak activation")
+"""The terms of vLLM's budget a launch's settings decide (``_launch_terms``), asked for as one question."""
+
+
 def asks(terms: list[str], cause: str | None = None) -> list[str]:
-    """The question for each deciding term (where ``cause`` asks for it otherwise, that question)."""
-    return [_ASKED_FOR_CAUSE.get((cause, t), DECIDING[t]) for t in terms]
+    """The question for each deciding term (where ``cause`` asks for it otherwise, that question; two or more terms a
+    launch decides, the launch, once)."""
+    launch = [t for t in terms if t in LAUNCH_TERMS]
+    out = []
+    for t in terms:
+        if len(launch) > 1 and t in LAUNCH_TERMS:
+            if t == launch[0]:
+                out.append(DECIDING_LAUNCH)
+            continue
+        out.append(_ASKED_FOR_CAUSE.get((cause, t), DECIDING[t]))
+    return out
 
 
 def rests_on(ev: Evidence, values: dict[str, Sourced], cause: str | None) -> list[str]:
