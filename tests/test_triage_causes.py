@@ -307,6 +307,12 @@ def test_a_host_memory_failure_rests_on_the_hosts_memory_unless_the_report_shows
     # vllm#2345: a leak shown by ps's RSS column (the host's), not by any device figure
     ("memory leak in v0.2.7\nUSER  PID %CPU %MEM    VSZ   RSS TTY STAT START TIME COMMAND\n"
      "root  42  101  9.8 123456 9876543 ?  Sl  10:00 5:00 ray::RayWorkerVllm", True),
+    # vllm-ascend#6299: a leak shown by top's RES column; collect_env's npu-smi table shows the NPU held at vLLM's
+    # budget (59,715 of 65,536 MB at 0.9), as planned
+    ("[Bug]: memory leak when running GLM-4.7-W8A8\n"
+     "| 0     910B3               | OK            | 97.1        39                0    / 0             |\n"
+     "| 0                         | 0000:C2:00.0  | 0           0    / 0          59715/ 65536         |\n"
+     "    PID USER      PR  NI    VIRT    RES    SHR S  %CPU  %MEM     TIME+ COMMAND", True),
     # vllm#18156: "RAM" of a GPU is the device's
     ("each A10 GPU has 24G RAM? so we have 24*4 G?\nI couldn't serve it on 4A10 it always give me OOM.", False),
     ("RAM usage is 20 GB\n" + OOM.format(held="78.00"), False),  # torch's line: the device ran out

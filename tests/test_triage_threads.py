@@ -163,7 +163,6 @@ MISSED_LATER = {
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
         "vllm-50159.txt": "Model Runner V2 named reads as its default change; the thread names the load",
         "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",
-        "vllm-ascend-6299.txt": "a top table's RES is not read as the host's memory",
         "vllm-ascend-9894.txt": "W8A8 weights loaded unquantized are not in the report's figures",
     },
     "held-out-4": {

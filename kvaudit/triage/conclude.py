@@ -702,7 +702,7 @@ _USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow", 
 """A line that says how much of a memory is used, or that it grows ("宿主机RAM占用过高"), not a spec sheet's size."""
 
 
-def _host_only(ev: Evidence) -> Fact | None:
+def _host_only(ev: Evidence, u: float) -> Fact | None:
     """The line naming the host's memory where the report says memory ran out, grew or is used (there, or anywhere)
     and names only the host's ("CPU memory", "RAM", ps's RSS, "内存"): no device's memory named, no torch out-of-memory line, no figure
     of the device's (its KV budget, a smi table, vLLM's refusal). ``None`` otherwise."""
@@ -711,9 +711,11 @@ def _host_only(ev: Evidence) -> Fact | None:
     host = named[0] if said is not None and named else next((f for f in named if _USE.search(f.text)), None)
     if host is None:
         return None
-    device = ev.first("device_memory_named", "oom", "available_kv", "kv_capacity_error", "hbm_used_mb",
-                      "device_process_mb", "gpu_blocks", "collective_saw_oom")
-    return host if device is None else None
+    device = ev.first("device_memory_named", "oom", "available_kv", "kv_capacity_error", "gpu_blocks",
+                      "collective_saw_oom")
+    totals = {f.line: f.value for f in ev.all("hbm_total_mb")}
+    over = any(f.value > (u + 0.05) * totals.get(f.line, 0) > 0 for f in ev.all("hbm_used_mb"))
+    return host if device is None and not over else None
 
 
 def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> Triage | None:
@@ -721,7 +723,7 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
     driver; or an error that is no memory error at all): the plan is not involved, and what is, said plainly."""
     from kvaudit.triage.failures import ACTIONS, DRIVER, HOST, WHAT_IS, blames_driver
 
-    host = _host_only(ev)
+    host = _host_only(ev, values["gpu_memory_utilization"].value)
     if _device_ran_out(ev) and host is None:
         return None
     changed = bool(release_changes(ev))

@@ -327,10 +327,12 @@ _SIMPLE = [
     # ("--shm-size=10gb", compose's "shm_size: '16gb'")
     ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
                                r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"]),
-    # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS column, "内存", the RAM of Chinese
-    # usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G RAM")
-    ("host_memory_named", re.compile(r"\b(?:cpu|host|system|physical|container)(?:'s)?\s+(?:ram|memory)\b|(?<![A-Za-z])RAM(?![A-Za-z])|"
-                                     r"\bRSS\b|(?<!GPU)(?<!NPU)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0)),
+    # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
+    # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
+    # RAM")
+    ("host_memory_named", re.compile(r"\b(?:cpu|host|system|physical|container)(?:'s)?\s+(?:ram|memory)\b|"
+                                     r"(?<![A-Za-z])RAM(?![A-Za-z])|\bRSS\b|(?-i:\bVIRT\s+RES\b)|"
+                                     r"(?<!GPU)(?<!NPU)(?<!CUDA)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0)),
     ("device_memory_named", re.compile(r"VRAM|显存|\bHBM\b|(?:GPU|NPU|CUDA|device|video|显卡)\s*(?:memory|mem|内存)|"
                                        r"(?:CUDA|NPU) out of memory|\b(?:GPU|NPU|card)s?\b[^.\n?]{0,20}?\b(?:RAM|memory)\b",
                                        re.IGNORECASE), lambda m: m.group(0)),
@@ -468,7 +470,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ('*', '×'),
     ('driver version', 'npu-smi'),
     ('mem:', 'shm'),
-    ('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', '内存'),
+    ('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),
     ('vram', '显存', 'hbm', 'gpu', 'npu', 'cuda', 'device', 'video', '显卡'),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
