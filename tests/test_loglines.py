@@ -256,3 +256,15 @@ def test_a_string_inside_a_replacement_field_is_skipped_whole():
     fmt = "used {d['}'] + \"a'\"} GiB"
     assert fmt[_field_end(fmt, fmt.index("{"))+1:] == " GiB"
     assert _split_field("stats['a:b']!r:>8") == ("stats['a:b']", "r", ">8")
+
+
+@pytest.mark.parametrize("line, marked", [
+    # QwenLM/Qwen3#110: V0's refusal retyped by hand, with a typo and no figure of the KV cache's tokens
+    ("ValueError : the model's max seq len (32768) is larger than the maxinum number of tokens that can be stored in "
+     "KV cache, Try increasing 'gpu_memory_utilization' or decreasing 'max_model_len' when initializing the engine",
+     True),
+    ("the model's max seq len is larger than what the KV cache holds", False),  # a paraphrase of a few of its words
+    ("the KV cache uses a lot of memory on my GPU", False),
+])
+def test_a_refusal_retyped_by_hand_is_read_as_vllms_by_four_in_five_of_its_words(line, marked):
+    assert any(key == "kv_capacity_error" for key, _ in read_line(line)) is marked

@@ -148,7 +148,6 @@ LATER = {folder: ROOT / "fixtures" / "reports" / folder
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
     "held-out-2": {
-        "QwenLM-Qwen3-110.txt": "the refusal retyped by hand ('maxinum', no figure) is not vLLM's wording",
         "QwenLM-Qwen3-845.txt": "no device size: 7B weights against an unnamed GPU",
         "vllm-1084.txt": "a WSL pin_memory warning, no failure",
         "vllm-11251.txt": "0.6.4's profile change is read; the thread names graph memory outside the budget",

@@ -471,7 +471,7 @@ _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
     ('driver version', 'npu-smi'),
     ('mem:', 'shm'),
     ('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),
-    ('vram', '显存', 'hbm', 'gpu', 'npu', 'cuda', 'device', 'video', '显卡'),
+    ('vram', '显存', 'hbm', 'mem', '内存', ' ram', 'ram ', 'ram?'),
 )
 """Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
 lines hold none, and a substring test costs a fraction of a regex search."""

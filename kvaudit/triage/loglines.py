@@ -375,7 +375,8 @@ def match_line(line: str) -> list[tuple[dict, list[tuple[str, Any]]]]:
 
 
 def read_line(line: str) -> list[tuple[str, Any]]:
-    """The ``(fact_key, value)`` pairs a log line gives, each pair once, in catalogue order."""
+    """The ``(fact_key, value)`` pairs a log line gives, each pair once, in catalogue order; where no format matches
+    it, the marks of a message (vLLM's refusals) the line retypes (``retyped``)."""
     seen: set[tuple[str, Any]] = set()
     out = []
     for _entry, facts in match_line(line):
@@ -383,4 +384,34 @@ def read_line(line: str) -> list[tuple[str, Any]]:
             if f not in seen:
                 seen.add(f)
                 out.append(f)
+    return out or retyped(line)
+
+
+def _literal_words(entry: dict) -> frozenset[str]:
+    """The words (3 letters or more, lower-cased) of a format's literal text."""
+    return frozenset(_WORD.findall(" ".join(p for p in pieces(entry) if isinstance(p, str)).lower()))
+
+
+_MARKED = [(c, words) for c in _COMPILED if c.marks and len(words := _literal_words(c.entry)) >= 8]
+"""The messages that mark a fact, each with its literal words (8 or more: a shorter one is a phrase)."""
+_MARKED_WORDS = frozenset().union(*(words for _, words in _MARKED))
+_FEWEST = min(0.8 * len(words) for _, words in _MARKED)
+"""Every word of those messages, and the fewest of them a line that retypes one holds."""
+
+
+def retyped(line: str) -> list[tuple[str, Any]]:
+    """The marks of a message that marks a fact (vLLM's refusals: ``kv_capacity_error``, ...) where the line holds
+    four in five of its words but no format matches it: the message retyped by hand, with a typo or without its
+    figures ("the model's max seq len (32768) is larger than the maxinum number of tokens that can be stored in KV
+    cache"), or cut from the log's prefix. Only messages of 8 words or more: a short one is a phrase, not a message."""
+    low = line.lower()
+    if "cache" not in low and "memory" not in low:
+        return []
+    words = _MARKED_WORDS.intersection(_WORD.findall(low))
+    if len(words) < _FEWEST:
+        return []
+    out: list[tuple[str, Any]] = []
+    for c, literal in _MARKED:
+        if len(literal & words) >= 0.8 * len(literal):
+            out += [m for m in c.marks if m not in out]
     return out
