@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.model.hub import is_hub_id
+from kvaudit.triage.loglines import RECORD_CUT
 
 FACTS: dict[str, str] = {
     "model": "model", "model_tag": "model", "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
@@ -396,7 +397,7 @@ def stated_settings(text: str) -> Launch:
     sentence may state a value and another beside it: "4096 ... the docs say 25480")."""
     facts: list[tuple[str, Any]] = []
     unread: list[str] = []
-    if _LOGGED.search(text):
+    if RECORD_CUT.search(text):
         return Launch((), ())  # a log message's advice ("use '--enforce-eager'") sets nothing
     for m in _STATED.finditer(text):
         flag = m["flag"]
@@ -426,8 +427,6 @@ def stated_settings(text: str) -> Launch:
     return Launch(tuple(facts), tuple(unread), (parser_name() or OWN_READER) if facts or unread else "")
 
 
-_LOGGED = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG)\b.{0,40}?\[[\w.]+:\d+\]")
-"""A vLLM log record's prefix (``INFO 03-27 10:29:03 [model_runner.py:1442]``), wherever a paste cut the line."""
 _ADDRESSED = re.compile(r"\b(?:you|your)\b|您|你", re.IGNORECASE)
 """A sentence put to the reader."""
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|[！？]|$")

@@ -631,7 +631,7 @@ def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
         want = -(-(R - K) * 100 // T) / 100 if T else 1.0  # the utilization the shortfall takes, rounded up to 0.01
         if u + want <= 0.98:
             u2 = round(u + want, 2)
-            grown = K + int((u2 - u) * T)
+            grown = _kv_budget_at(K, u, u2, T)
             again = None
             if d is not None:  # (without kvaudit's own deployment: the report's figures alone)
                 try:
@@ -669,6 +669,13 @@ def _fixes(inputs: _Inputs, d: Deployment | None, u: float, led: Any,
     return actions, rec_u
 
 
+def _kv_budget_at(kv_budget: int, u: float, u2: float, T: int) -> int:
+    """The KV budget at utilization ``u2`` of one that is ``kv_budget`` at ``u`` on a device of ``T`` bytes: vLLM's
+    budget moves by (u2 − u) × T, and the weights, activations and graphs it holds stay (``Worker.determine_available_
+    memory``)."""
+    return kv_budget + int((u2 - u) * T)
+
+
 def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: _Inputs) -> str:
     """A lower utilization recommended, planned again with vLLM: whether its KV budget still holds one request of
     max_model_len (vLLM's start-up check), and the max_model_len it holds where it does not."""
@@ -676,7 +683,7 @@ def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: 
     from kvaudit.plan.planner import request_need
 
     stated = values.get("KV budget")
-    budget = (stated.value - int((d.gpu_memory_utilization - u) * d.device_memory_bytes)
+    budget = (_kv_budget_at(stated.value, d.gpu_memory_utilization, u, d.device_memory_bytes)
               if stated is not None and isinstance(stated.value, int) and not stated.source.startswith("derived")
               else dataclasses.replace(d, gpu_memory_utilization=u).kv_budget_bytes)
     try:

@@ -30,7 +30,7 @@ from kvaudit.triage.commands import (BARE_ALIASES, Launch, command_words, config
                                      read_words, split, stated_settings)
 from kvaudit.triage.failures import failures
 from kvaudit.triage.lines import Where, Words, lines_holding
-from kvaudit.triage.loglines import anchors, needles, read_line
+from kvaudit.triage.loglines import LEVEL_START, RECORD, anchors, needles, read_line
 
 MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""
@@ -341,9 +341,6 @@ _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
 _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memory: (?P<t>\d{1,18})")
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
-_LOG_RECORD = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:\x1b\[[0-9;]*m)?(?:INFO|WARNING|ERROR|DEBUG)"
-                         r"(?:\x1b\[[0-9;]*m)?\s+\S+\s+\S+\s+\[[\w.]+:\d+\]")
-"""A vLLM log record's prefix (``(EngineCore_DP0 pid=1) INFO 12-05 10:00:00 [gpu_worker.py:276]``)."""
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
@@ -385,7 +382,7 @@ _CAPTURE_OOM = re.compile(r"(?:\bOOMs?\b|out of memory|OutOfMemoryError)[^.\n]{0
 _EXCEPTION = re.compile(r"(?:^|[\]>|]\s*|\s)(?P<v>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s|:?\s*$)")
 """The line a traceback ends in (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``), by Python's naming of
 exception classes."""
-_LOG_PREFIX = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\b|^\s*\[?(?:pip3?|conda)\]?\s")
+_LOG_PREFIX = re.compile(rf"{LEVEL_START.pattern}|^\s*\[?(?:pip3?|conda)\]?\s")
 """A line a program printed (a log record, a package list), not a sentence of the reporter's."""
 _NPU_SMI_CHIP = re.compile(
     r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|\s*\d+\s+\d+\s*/\s*\d+\s+"
@@ -687,7 +684,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("worker_tp_rank", int(m["v"]), n, line)
         if "rank" in low and (m := _RANK.search(line)):
             ev.add("rank", int(m["v"] or m["w"]), n, line)
-        if frame is None and (n in logged or n in opened or n < len(lines) and _LOG_RECORD.match(line)
+        if frame is None and (n in logged or n in opened or n < len(lines) and RECORD.match(line)
                               and not _NEW_RECORD.match(lines[n])):
             for key, value in _log_facts(lines, n, line, opened):  # vLLM's and vllm-ascend's own formats
                 ev.add(key, value, n, line)

@@ -57,6 +57,17 @@ from typing import Any
 
 CATALOGUE_PATH = Path(__file__).with_name("log_formats.json")
 
+_LEVEL = r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)"
+RECORD_START = r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?"
+"""What comes before a log record's level: the process a Ray or multiprocessing worker prints, torch's rank."""
+RECORD = re.compile(RECORD_START + rf"(?:\x1b\[[0-9;]*m)?{_LEVEL}(?:\x1b\[[0-9;]*m)?\s+\S+\s+\S+\s+\[[\w.]+:\d+\]")
+"""A vLLM log record's prefix (``(EngineCore_DP0 pid=1) INFO 12-05 10:00:00 [gpu_worker.py:276]``), from the line's
+start (vLLM's ``_FORMAT`` in ``vllm/logger.py``: level, date, time, ``[file:line]``)."""
+RECORD_CUT = re.compile(rf"\b{_LEVEL}\b.{{0,40}}?\[[\w.]+:\d+\]")
+"""The same prefix wherever a paste cut the line (``INFO 03-27 10:29:03 [model_runner.py:1442]``)."""
+LEVEL_START = re.compile(RECORD_START + _LEVEL + r"\b")
+"""A line that starts with a log record's level, whatever follows."""
+
 _SCALE = {"GiB": float(1 << 30), "GB": 1e9, "MiB": float(1 << 20), "MB": 1e6}
 _NUMERIC = {"GiB", "GB", "MiB", "MB", "bytes", "int", "float", "ratio"}
 _DIGITS = r"(?:\d{1,3}(?:,\d{3}){1,8}|\d{1,24})"
