@@ -1,7 +1,8 @@
 """The cause of an out-of-memory failure whose allocation matches vLLM's plan, as a report's figures and frames show
 it: the phase it happened in, the findings tried in order (``FINDINGS``: vLLM's refusals and the inequality of the
 ledger first, then what the report says changed or what else holds the device, then the term the phase allocates),
-and, where none holds, the ledger terms that decide and the questions that ask for them."""
+and, where none holds, the ledger terms that decide and the questions that ask for them; where one holds, the terms
+it rests on that the report does not state (``RESTS_ON``, ``rests_on``)."""
 
 from __future__ import annotations
 
