@@ -267,4 +267,7 @@ def test_a_string_inside_a_replacement_field_is_skipped_whole():
     ("the KV cache uses a lot of memory on my GPU", False),
 ])
 def test_a_refusal_retyped_by_hand_is_read_as_vllms_by_four_in_five_of_its_words(line, marked):
-    assert any(key == "kv_capacity_error" for key, _ in read_line(line)) is marked
+    from kvaudit.triage.evidence import extract
+
+    assert any(key == "kv_capacity_error" for key, _ in loglines.retyped(line)) is marked
+    assert (extract([line]).first("kv_capacity_error") is not None) is marked  # (read where no format matches)

@@ -30,7 +30,7 @@ from kvaudit.triage.commands import (BARE_ALIASES, Launch, command_words, config
                                      read_words, split, stated_settings)
 from kvaudit.triage.failures import failures
 from kvaudit.triage.lines import Where, Words, lines_holding
-from kvaudit.triage.loglines import LEVEL_START, RECORD, anchors, needles, read_line
+from kvaudit.triage.loglines import LEVEL_START, RECORD, anchors, needles, read_line, retyped
 
 MAX_REPORT_BYTES = 16 << 20
 """kvaudit reads at most this much of a report (a startup log is a few hundred KiB)."""
@@ -1023,10 +1023,11 @@ _CONTINUED = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:\[rank\d+\]:\s*)?(?:(?:I
 
 
 def _log_facts(lines: list[str], n: int, line: str, starts: set[int]) -> list[tuple[str, Any]]:
-    """The facts of line ``n`` by the catalogue of vLLM's and vllm-ascend's own formats (``kvaudit.triage.loglines``); a
-    message the paste wrapped onto the next lines (a terminal's width, a quoted block) is read whole where the line
-    is one of ``starts``, those holding a message's opening words."""
-    got = read_line(line)
+    """The facts of line ``n`` by the catalogue of vLLM's and vllm-ascend's own formats (``kvaudit.triage.loglines``;
+    where none matches, a refusal the line retypes by hand, ``retyped``); a message the paste wrapped onto the next
+    lines (a terminal's width, a quoted block) is read whole where the line is one of ``starts``, those holding a
+    message's opening words."""
+    got = read_line(line) or retyped(line)
     if got:
         return got
     if n not in starts:  # a log record a terminal wrapped: its message goes on over the lines that start no record

@@ -386,8 +386,7 @@ def match_line(line: str) -> list[tuple[dict, list[tuple[str, Any]]]]:
 
 
 def read_line(line: str) -> list[tuple[str, Any]]:
-    """The ``(fact_key, value)`` pairs a log line gives, each pair once, in catalogue order; where no format matches
-    it, the marks of a message (vLLM's refusals) the line retypes (``retyped``)."""
+    """The ``(fact_key, value)`` pairs a log line gives, each pair once, in catalogue order."""
     seen: set[tuple[str, Any]] = set()
     out = []
     for _entry, facts in match_line(line):
@@ -395,7 +394,7 @@ def read_line(line: str) -> list[tuple[str, Any]]:
             if f not in seen:
                 seen.add(f)
                 out.append(f)
-    return out or retyped(line)
+    return out
 
 
 def _literal_words(entry: dict) -> frozenset[str]:
