@@ -143,7 +143,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
-         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6")}
+         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -194,6 +194,9 @@ MISSED_LATER = {
         "vllm-ascend-14004.txt": "a 310P budget rule that subtracts another process twice is not audited",
         "vllm-ascend-449.txt": "an invalid-device assertion in the title only; two LLM( examples read as two engines",
         "xorbitsai-inference-1847.txt": "an embedding model on the same card is not read as another process",
+    },
+    "held-out-7": {
+        "gpustack-gpustack-522.txt": "a platform that gave the model one GPU of several: its own device choice",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
