@@ -594,6 +594,9 @@ def test_settings_in_a_reporters_shorthand_are_read_and_a_device_count_is_no_par
     assert [f.value for f in ev.all("model_mention")] == ["Mixtral"]
     assert [f.value for f in ev.all("tp_prose")] == [4] and [f.value for f in ev.all("mml_prose")] == [1000]
     assert [f.value for f in extract(["Running Llama 3 70B on A100"]).all("model_mention")] == ["Llama 3 70B"]
+    ev = extract(clean_lines("a title\nThe model loads fine. Weights take 22 GB. Then the first request crashes\n"
+                             "weight decay takes 3 epochs"))  # (a blog on a 5090: the reporter states the weights)
+    assert [f.value for f in ev.all("weights")] == [22 << 30]
 
 
 def test_a_titles_model_is_the_fullest_name_the_text_gives_it():

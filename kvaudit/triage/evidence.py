@@ -447,6 +447,10 @@ _PROSE_FACTS = [
                                         r"(?:reaches|reached|is|was|of|goes to|went to)\s+(?P<v>0\.\d+)",
                                         re.IGNORECASE),
      lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"]))),
+    # the weights' memory the reporter states ("Weights take 22 GB", "model weights took 13.3677 * 2 = 27 GB": the
+    # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
+    ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
+                           r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib),
 ]
 
 _SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
@@ -484,6 +488,7 @@ _PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("util",), ("from",)),
     (("other", "second", "其他"),), (("release", "free", "释放", "unload"),), (("cuda_visible_devices",),),
     (("0.",), ("actual", "real", "usage", "use")),
+    (("weight",), ("take", "took", "use", "occup", "consum")),
 )
 """As ``_SIMPLE_WORDS`` for ``_PROSE_FACTS``, in groups that must all be met (one word of each)."""
 _NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "l4", "060", "070", "080", "090", "a6000", "a10", "a30",
