@@ -293,50 +293,53 @@ def _gib(m: re.Match) -> int:
 
 _SIMPLE = [
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
-     _gib),
-    ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), _gib),
+     _gib, (('memory profiling results',),)),
+    ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), _gib, (('total_gpu_memory',),)),
     ("gpu_memory_utilization", re.compile(rf"Memory profiling results:.*\bgpu_memory_utilization=(?P<v>{_NUM})"),
-     lambda m: float(m["v"])),
-    ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"]),
-    ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"]),
-    ("platform", re.compile(r"Platform plugin ascend is activated"), lambda m: "ascend"),
-    ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda"),
+     lambda m: float(m["v"]), (('memory profiling results',),)),
+    ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"], (('kv_connector',),)),
+    ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"], (('connector with name',),)),
+    ("platform", re.compile(r"Platform plugin ascend is activated"), lambda m: "ascend", (('platform plugin',),)),
+    ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda", (('detected platform',),)),
     ("served", re.compile(r"Avg prompt throughput|Avg generation throughput|\"POST /v1/\S+ HTTP/1\.1\" 200|"
-                          r"Application startup complete"), lambda m: m.group(0)),
+                          r"Application startup complete"), lambda m: m.group(0), (('throughput', 'post /v1', 'startup complete'),)),
     ("captured", re.compile(r"Graph capturing finished|Capturing CUDA graphs? .*100%|capturing (?:CUDA|ACL) graphs? took",
-                            re.IGNORECASE), lambda m: m.group(0)),
+                            re.IGNORECASE), lambda m: m.group(0), (('captur',),)),
     ("capture_started", re.compile(r"Capturing (?:cudagraphs|CUDA graphs?|ACL graphs?)", re.IGNORECASE),
-     lambda m: m.group(0)),
+     lambda m: m.group(0), (('captur',),)),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:NPUs?|Ascend|910[BC]\d?)(?![A-Za-z0-9])|昇腾|npu-smi|vllm[-_]ascend",
-                                  re.IGNORECASE), lambda m: "ascend"),
+                                  re.IGNORECASE), lambda m: "ascend", (('npu', 'ascend', '昇腾', '910'),)),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
-                                  r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda"),
+                                  r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda", (('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),)),
     ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
                                      r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|卡|VRAM(?![A-Za-z])|"
                                      r"(?:v?NPU|GPU|card)s?(?![A-Za-z])(?!\s*(?:memory|mem|usage|显存)))", re.IGNORECASE),
-     lambda m: int(m["v"] or m["w"])),
+     lambda m: int(m["v"] or m["w"]), (('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),)),
     ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
-     lambda m: int(m["v"])),
+     lambda m: int(m["v"]), (('卡', 'cards', 'gpus', 'npus'),)),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
-                                r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"])),
+                                r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"]), (('*', '×'),)),
     # the driver's release as nvidia-smi's header ("Driver Version: 535.54.03"), collect_env ("Nvidia driver version:
     # 535.54.03") and npu-smi's header ("npu-smi 23.0.rc2   Version: 23.0.rc2") print it
     ("driver_version", re.compile(r"(?:\b[Dd]river [Vv]ersion|npu-smi \S+\s+Version)\s*:\s*(?P<v>\d[\w.-]*)"),
-     lambda m: m["v"]),
+     lambda m: m["v"], (('driver version', 'npu-smi'),)),
     # the host's memory as `free` prints it ("Mem:  503Gi  41Gi ...") and the shared memory a container is given
     # ("--shm-size=10gb", compose's "shm_size: '16gb'")
     ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
-                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"]),
+                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"], (('mem:', 'shm'),)),
     # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
     # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
     # RAM")
     ("host_memory_named", re.compile(r"\b(?:cpu|host|system|physical|container)(?:'s)?\s+(?:ram|memory)\b|"
                                      r"(?<![A-Za-z])RAM(?![A-Za-z])|\bRSS\b|(?-i:\bVIRT\s+RES\b)|"
-                                     r"(?<!GPU)(?<!NPU)(?<!CUDA)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0)),
+                                     r"(?<!GPU)(?<!NPU)(?<!CUDA)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0), (('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),)),
     ("device_memory_named", re.compile(r"VRAM|显存|\bHBM\b|(?:GPU|NPU|CUDA|device|video|显卡)\s*(?:memory|mem|内存)|"
                                        r"(?:CUDA|NPU) out of memory|\b(?:GPU|NPU|card)s?\b[^.\n?]{0,20}?\b(?:RAM|memory)\b",
-                                       re.IGNORECASE), lambda m: m.group(0)),
+                                       re.IGNORECASE), lambda m: m.group(0), (('vram', '显存', 'hbm', 'mem', '内存', ' ram', 'ram ', 'ram?'),)),
 ]
+"""Facts one line states, by a pattern of its own: (key, pattern, value, the words one of which a line must hold,
+lower-cased, before the pattern is tried; most log lines hold none, and a substring test costs a fraction of a regex
+search)."""
 _WORKER_TP = re.compile(r"\(Worker(?:_[A-Z]+\d+)*?_TP(?P<v>\d{1,18})(?:_[A-Z]+\d+)* pid=\d+\)")
 _RANK = re.compile(r"^\s*\[rank(?P<v>\d{1,18})\]:|\brank=(?P<w>\d{1,18})\b")
 _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memory: (?P<t>\d{1,18})")
@@ -413,84 +416,53 @@ _WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|s
 _FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
 _WORKS_RX = re.compile(_WORKS, re.IGNORECASE)
 _FAILS_RX = re.compile(_FAILS, re.IGNORECASE)
-_PROSE_FACTS = [
-    ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
-                               rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
-     lambda m: True),
-    ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_WORKS}",
-                            re.IGNORECASE), lambda m: int(m["v"])),
-    ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_FAILS}",
-                            re.IGNORECASE), lambda m: int(m["v"])),
-    ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:(?:后|then|and|,|，)\s*)?"
-                              rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"])),
-    ("util_works", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}\s+is\s+(?P<v>0\.\d+)[^.\n]{{0,50}}?{_WORKS}",
-                              re.IGNORECASE), lambda m: float(m["v"])),
-    ("util_works", re.compile(rf"{_WORKS}[^.\n]{{0,40}}?(?:utili[sz]ation|util)\W{{0,3}}\s+from\s+0\.\d+\s+to\s+"
-                              r"(?P<v>0\.\d+)", re.IGNORECASE), lambda m: float(m["v"])),
-    ("util_fails", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}[^.\n]{{0,30}}?\bto\s+(?P<v>1\.0|0\.\d+)[^.\n]{{0,60}}?"
-                              rf"{_FAILS}", re.IGNORECASE), lambda m: float(m["v"])),
-    ("util_fails", re.compile(r"(?:utili[sz]ation|util)\W{0,3}\s+from\s+(?P<v>1\.0|0\.\d+)\s+to\s+0\.\d+",
-                              re.IGNORECASE), lambda m: float(m["v"])),
-    ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
-                                 r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
-                                 r"(?:GB|GiB|G)\b", re.IGNORECASE), _gib),
-    ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never|can't|cannot|fails? to|failed to)"
-                                r"(?: seem to| appear to)? (?:release|free|clear)s?\b[^.\n]{0,30}?"
-                                r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放|"
-                                r"(?:how (?:to |do I |can I |we are suppose[d]? to )?|can't |cannot |unable to )unload (?:the |a )?"
-                                r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
-                                r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0)),
-    ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
-                                    r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True),
-    ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
-                                        r"(?:actual|real|memory)\s+(?:memory\s+)?(?:usage|use|utili[sz]ation)\s+"
-                                        r"(?:reaches|reached|is|was|of|goes to|went to)\s+(?P<v>0\.\d+)",
-                                        re.IGNORECASE),
-     lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"]))),
-    # the weights' memory the reporter states ("Weights take 22 GB", "model weights took 13.3677 * 2 = 27 GB": the
-    # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
-    ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
-                           r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib),
-]
-
-_SIMPLE_WORDS: tuple[tuple[str, ...], ...] = (
-    ('memory profiling results',),
-    ('total_gpu_memory',),
-    ('memory profiling results',),
-    ('kv_connector',),
-    ('connector with name',),
-    ('platform plugin',),
-    ('detected platform',),
-    ('throughput', 'post /v1', 'startup complete'),
-    ('captur',),
-    ('captur',),
-    ('npu', 'ascend', '昇腾', '910'),
-    ('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),
-    ('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),
-    ('卡', 'cards', 'gpus', 'npus'),
-    ('*', '×'),
-    ('driver version', 'npu-smi'),
-    ('mem:', 'shm'),
-    ('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),
-    ('vram', '显存', 'hbm', 'mem', '内存', ' ram', 'ram ', 'ram?'),
-)
-"""Words one of which a line must hold (lower-cased) before each ``_SIMPLE`` pattern is tried: most log
-lines hold none, and a substring test costs a fraction of a regex search."""
 _WORKING = ("work", " fine", " ok", "okay", "succe", "solved", "fixe", "resolved", "normally", "it start", "starts up",
             "can run",
             "started up", "正常", "成功", "解决", "可以", "能拉")
 """Words of ``_WORKS`` to look for first (" ok", not "ok": every log line with "tokens" holds that)."""
 _TP = (" tp", "\ntp", "-tp", "(tp", "tensor")
 _FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败")
-_PROSE_WORDS: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (("eager",), _WORKING + ("oom",)), (_TP, _WORKING), (_TP, _FAILING),
-    (("0.",), _WORKING), (("0.",), ("util",), _WORKING), (("0.",), ("util",), ("from",), _WORKING), (("util",), _FAILING),
-    (("util",), ("from",)),
-    (("other", "second", "其他"),), (("release", "free", "释放", "unload"),), (("cuda_visible_devices",),),
-    (("0.",), ("actual", "real", "usage", "use")),
-    (("weight",), ("take", "took", "use", "occup", "consum")),
-)
-"""As ``_SIMPLE_WORDS`` for ``_PROSE_FACTS``, in groups that must all be met (one word of each)."""
+_PROSE_FACTS = [
+    ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
+                               rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
+     lambda m: True, (("eager",), _WORKING + ("oom",))),
+    ("tp_works", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_WORKS}",
+                            re.IGNORECASE), lambda m: int(m["v"]), (_TP, _WORKING)),
+    ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_FAILS}",
+                            re.IGNORECASE), lambda m: int(m["v"]), (_TP, _FAILING)),
+    ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:(?:后|then|and|,|，)\s*)?"
+                              rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"]), (("0.",), _WORKING)),
+    ("util_works", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}\s+is\s+(?P<v>0\.\d+)[^.\n]{{0,50}}?{_WORKS}",
+                              re.IGNORECASE), lambda m: float(m["v"]), (("0.",), ("util",), _WORKING)),
+    ("util_works", re.compile(rf"{_WORKS}[^.\n]{{0,40}}?(?:utili[sz]ation|util)\W{{0,3}}\s+from\s+0\.\d+\s+to\s+"
+                              r"(?P<v>0\.\d+)", re.IGNORECASE), lambda m: float(m["v"]), (("0.",), ("util",), ("from",), _WORKING)),
+    ("util_fails", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}[^.\n]{{0,30}}?\bto\s+(?P<v>1\.0|0\.\d+)[^.\n]{{0,60}}?"
+                              rf"{_FAILS}", re.IGNORECASE), lambda m: float(m["v"]), (("util",), _FAILING)),
+    ("util_fails", re.compile(r"(?:utili[sz]ation|util)\W{0,3}\s+from\s+(?P<v>1\.0|0\.\d+)\s+to\s+0\.\d+",
+                              re.IGNORECASE), lambda m: float(m["v"]), (("util",), ("from",))),
+    ("other_process", re.compile(r"(?:another|other|second|一个其他的?|其他)\s*(?:process|service|program|application|"
+                                 r"model|instance|container|job|进程|服务|程序)[^.\n]{0,60}?(?P<v>\d+(?:\.\d+)?)\s*"
+                                 r"(?:GB|GiB|G)\b", re.IGNORECASE), _gib, (("other", "second", "其他"),)),
+    ("not_released", re.compile(r"(?:doesn't|does not|didn't|did not|not|never|can't|cannot|fails? to|failed to)"
+                                r"(?: seem to| appear to)? (?:release|free|clear)s?\b[^.\n]{0,30}?"
+                                r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放|"
+                                r"(?:how (?:to |do I |can I |we are suppose[d]? to )?|can't |cannot |unable to )unload (?:the |a )?"
+                                r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
+                                r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0), (("release", "free", "释放", "unload"),)),
+    ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
+                                    r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True, (("cuda_visible_devices",),)),
+    ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
+                                        r"(?:actual|real|memory)\s+(?:memory\s+)?(?:usage|use|utili[sz]ation)\s+"
+                                        r"(?:reaches|reached|is|was|of|goes to|went to)\s+(?P<v>0\.\d+)",
+                                        re.IGNORECASE),
+     lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"])), (("0.",), ("actual", "real", "usage", "use"))),
+    # the weights' memory the reporter states ("Weights take 22 GB", "model weights took 13.3677 * 2 = 27 GB": the
+    # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
+    ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
+                           r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib, (("weight",), ("take", "took", "use", "occup", "consum"))),
+]
+"""As ``_SIMPLE`` for what reporters write in sentences; the words in groups that must all be met (one word of each)."""
+
 _NOMINAL_WORDS = ("a100", "a800", "h800", "h20", "l40", "l20", "l4", "060", "070", "080", "090", "a6000", "a10", "a30",
                   "a40", "v100", "p100", "p40", "t4", "910b")
 _MODEL_WORDS = ("qwen", "qwq", "llama", "mixtral", "deepseek", "kimi", "gemma", "gpt-oss", "glm", "minimax", "nemotron",
@@ -502,17 +474,14 @@ _FAMILY_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?:" + "|".join(sorted(_FAMIL
                              + r")(?=[\w.-]*\d)[\w.-]*", re.IGNORECASE)
 """A model of one of vLLM's families named in prose, with a digit in the name ("whisper-large-v3-turbo",
 "opt-125m"): the family alone ("Aria", "solar") is a word."""
-if len(_SIMPLE_WORDS) != len(_SIMPLE) or len(_PROSE_WORDS) != len(_PROSE_FACTS):
-    raise ImportError("kvaudit.triage.evidence: every line pattern needs its words (_SIMPLE_WORDS, _PROSE_WORDS)")
-_WORDS = tuple(sorted({w for words in _SIMPLE_WORDS + (_NOMINAL_WORDS, _MODEL_WORDS, _FAMILIES) for w in words} |
-                     {w for groups in _PROSE_WORDS for words in groups for w in words}))
+_WORDS = tuple(sorted({w for words in (_NOMINAL_WORDS, _MODEL_WORDS, _FAMILIES) for w in words} |
+                     {w for *_, groups in _SIMPLE + _PROSE_FACTS for words in groups for w in words}))
 def _nominal_gb(m: re.Match) -> int | None:
     return int(m["gb"]) if m["gb"] else _NOMINAL_GB.get(m["name"].lower().replace("rtx", "").strip())
 
 
 _RULES = tuple((key, rx, conv, tuple(map(frozenset, groups))) for key, rx, conv, groups in (
-    *((key, rx, conv, (words,)) for (key, rx, conv), words in zip(_SIMPLE, _SIMPLE_WORDS)),
-    *((key, rx, conv, groups) for (key, rx, conv), groups in zip(_PROSE_FACTS, _PROSE_WORDS)),
+    *_SIMPLE, *_PROSE_FACTS,
     ("device_nominal_gb", _NOMINAL, _nominal_gb, (_NOMINAL_WORDS,)),
     ("model_mention", _MODEL_MENTION, lambda m: m.group(0).rstrip(".-"), (_MODEL_WORDS,)),
     ("model_mention", _FAMILY_MENTION, lambda m: m.group(0).rstrip(".-"), (_FAMILIES,))))
