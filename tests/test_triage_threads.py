@@ -143,7 +143,8 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
-         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7")}
+         for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
+                        "held-out-8")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -198,6 +199,10 @@ MISSED_LATER = {
     "held-out-7": {
         "gpustack-gpustack-522.txt": "a platform that gave the model one GPU of several: its own device choice",
     },
+    "held-out-8": {
+        "QwenLM-Qwen3-VL-55.txt": "device memory said to grow over hours ('显存占用变成了18G') is not read as growth",
+        "ai-dynamo-dynamo-10104.txt": "a generated deployment's max_model_len against its GPU's memory; the report is cut",
+    },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
 _LATER_REPORTS = [(folder, p.name) for folder, path in LATER.items() for p in sorted(path.glob("*.txt"))]
@@ -224,5 +229,5 @@ def test_later_held_out_sets_are_cited_and_expected(folder):
     names = sorted(p.name for p in LATER[folder].glob("*.txt"))
     expected = json.loads((LATER[folder] / "expected.json").read_text())
     readme = (LATER[folder] / "README.md").read_text()
-    assert names == sorted(expected) and len(names) >= 8
+    assert names == sorted(expected) and len(names) >= 6  # (held-out-8: six, all its collectors could read whole)
     assert all(f"`{n}`" in readme or n in readme for n in names)
