@@ -599,6 +599,16 @@ def test_settings_in_a_reporters_shorthand_are_read_and_a_device_count_is_no_par
     assert [f.value for f in ev.all("weights")] == [22 << 30]
 
 
+@pytest.mark.parametrize("line, grew", [
+    ("然而在1个多小时之后，vllm显存占用变成了18G，2个小时后占用变成了20G", True),  # QwenLM/Qwen3-VL#55
+    ("GPU memory was 30 GB, after 2 hours it is 38 GB", True),
+    ("memory 40GB, after 3 hours 20GB", False),  # (it fell)
+    ("GPU memory 24 GB and it takes 2 hours to load", False),
+])
+def test_device_memory_measured_rising_over_time_is_growth(line, grew):
+    assert (extract(clean_lines("a title\n" + line)).first("memory_growth") is not None) is grew
+
+
 def test_a_titles_model_is_the_fullest_name_the_text_gives_it():
     """A blog's title names "Qwen3.5-35B"; its text the checkpoint, cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit, whose 4-bit
     weights are a quarter of what the title's name would give. Two fuller names that differ leave the title's."""

@@ -200,7 +200,6 @@ MISSED_LATER = {
         "gpustack-gpustack-522.txt": "a platform that gave the model one GPU of several: its own device choice",
     },
     "held-out-8": {
-        "QwenLM-Qwen3-VL-55.txt": "device memory said to grow over hours ('显存占用变成了18G') is not read as growth",
         "ai-dynamo-dynamo-10104.txt": "a generated deployment's max_model_len against its GPU's memory; the report is cut",
     },
 }

@@ -422,6 +422,18 @@ _WORKING = ("work", " fine", " ok", "okay", "succe", "solved", "fixe", "resolved
 """Words of ``_WORKS`` to look for first (" ok", not "ok": every log line with "tokens" holds that)."""
 _TP = (" tp", "\ntp", "-tp", "(tp", "tensor")
 _FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败")
+_FIGURE = r"(\d{1,6}(?:\.\d{1,3})?)\s*(G|GB|GiB|M|MB|MiB)\b"
+_RISING = re.compile(rf"(?:显存|memory|VRAM|HBM)[^\n]{{0,60}}?{_FIGURE}[^\n]{{0,60}}?(?:小时|分钟|天|hours?|minutes?|days?)"
+                     rf"[^\n]{{0,30}}?{_FIGURE}", re.IGNORECASE)
+"""The device's memory stated at a figure, then, after a time, at another."""
+
+
+def _rising(m: re.Match) -> str | None:
+    """The sentence of ``_RISING`` where its second figure is the larger (memory that grew), else ``None``."""
+    a, b = (float(m[i]) * (1024 if m[i + 1].upper().startswith("G") else 1) for i in (1, 3))
+    return m.group(0) if b > a else None
+
+
 _PROSE_FACTS = [
     ("eager_works", re.compile(rf"(?:(?:--)?enforce[-_]eager|enforce_eager\s*=\s*True|eager mode)[^.\n]{{0,60}}?{_WORKS}|"
                                rf"{_WORKS}[^.\n]{{0,30}}?(?:with|using|when|加)\s*`?(?:(?:--)?enforce[-_]eager|eager mode)|(?:don't|do not|didn't|no) (?:get )?OOM when `?--enforce[-_]eager", re.IGNORECASE),
@@ -460,6 +472,9 @@ _PROSE_FACTS = [
     # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
     ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
                            r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib, (("weight",), ("take", "took", "use", "occup", "consum"))),
+    # device memory measured rising over time: a figure, a time, a larger figure ("一段时间内显存占用固定为14G ... 1个多小时之后
+    # 显存占用变成了18G，2个小时后占用变成了20G", "memory was 30 GB, after 2 hours it is 38 GB")
+    ("memory_growth", _RISING, _rising, (("显存", "memory", "vram", "hbm"), ("小时", "分钟", "hour", "minute", "day", "天"))),
 ]
 """As ``_SIMPLE`` for what reporters write in sentences; the words in groups that must all be met (one word of each)."""
 
