@@ -336,6 +336,22 @@ def test_where_the_report_shows_no_launch_the_terms_its_settings_decide_are_aske
     assert not set(t.deciding) & {"budget", "KV for one request", "peak activation"} and DECIDING_LAUNCH not in t.ask_for
 
 
+@pytest.mark.parametrize("text, preallocated", [
+    # vllm#2352: a question about memory use, and nothing failed
+    ("Why vLLM - GPTQ deployment consumes high memory?\nwhen deploying the GPTQ version of the model with vLLM it "
+     "consumes around 69GB of GPU", True),
+    # zai-org/GLM-4#149: the same question where the deployment will not run ("跑不起来") is a failure's
+    ("请教glm4-9b-1M跑起来需要多少显存？\n想部署一下glm4-9b-1m模型，目前40G显存跑不起来，请问一下需要多少显存才能跑支持max_model_len为1M的大模型？",
+     False),
+])
+def test_a_question_about_memory_use_where_nothing_failed_is_vllms_preallocation(text, preallocated):
+    t = triage(text)
+    assert (t.cause == "preallocated") is preallocated, t.headline
+    if preallocated:
+        assert "nothing failed" in t.headline and "--gpu-memory-utilization" in t.actions[0]
+        assert t.deciding == ("budget",)  # (the utilization is vLLM's default here: asked for)
+
+
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""

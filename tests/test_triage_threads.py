@@ -169,7 +169,6 @@ MISSED_LATER = {
         "modelscope-ms-swift-3363.txt": "a wrapper's max_memory option against vLLM's TP",
         "vllm-14450.txt": "LoRA memory left out of vLLM's sizing fits no verdict triage gives",
         "vllm-18446.txt": "V1's larger CUDA graphs named only as 'works on V0'",
-        "vllm-2352.txt": "memory use asked about with no failure and no question mark",
         "vllm-ascend-4026.txt": "EL0004 'Failed to allocate memory' where the thread says 310P is unsupported",
         "vllm-ascend-6676.txt": "a CANN SoC mismatch is not named as the driver",
         "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",

@@ -38,6 +38,8 @@ CAUSES = {
     "driver": "the driver or the device runtime failed",
     "not-out-of-memory": "the report shows no out-of-memory error",
     "unknown": "no phase or figure in the report points at a cause",
+    "preallocated": "vLLM reserves the utilization's share of the device at start-up (the weights, the profile run's "
+                    "activations, and a KV cache that fills the rest), whatever the load: the memory in use is its budget",
     "over-budget": "this process held more than vLLM's budget: a term vLLM budgeted (the weights, the activations) "
                    "grew past what it planned",
 }
@@ -192,6 +194,7 @@ RESTS_ON = {
     "host-memory": ("host memory",),
     "collective-library": ("failing allocation",),
     "driver": ("release",),
+    "preallocated": ("budget",),
 }
 """The terms each concluded cause (``CAUSES``) rests on: the two sides of its inequality (the weights against the
 device; the weights and activations filling the budget; what is held outside against what the utilization leaves),
@@ -355,6 +358,18 @@ class _Finding:
     text: str
     actions: list[str] = field(default_factory=list)
     rec_u: float | None = None
+
+
+def _preallocated(c: _Case) -> _Finding | None:
+    if c.ev.first("memory_question") is None or c.ev.first(
+            "oom", "oom_mentioned", "kv_capacity_error", "memory_growth", "not_released", "serving_oom",
+            "capture_oom", "outside", "failure_said") is not None:
+        return None  # (a question about memory use, where nothing failed)
+    cause, u, T = "preallocated", c.u, c.T
+    share = f"{u} × {fmt_bytes(T)} = {fmt_bytes(int(u * T))}" if T else f"{u} of the device"
+    return _Finding(cause, f"nothing failed: {CAUSES[cause]} ({share} at `--gpu-memory-utilization {u}`).", [
+        "To use less, lower `--gpu-memory-utilization` to what the deployment needs (`kvaudit plan` gives the KV "
+        "budget and tokens each value leaves), or size the KV cache in bytes with `--kv-cache-memory`."])
 
 
 def _mamba_states(c: _Case) -> _Finding | None:
@@ -641,7 +656,7 @@ def _utilization_too_high(c: _Case) -> _Finding:
                         "device keeps a few GiB free."])
 
 
-FINDINGS = (_mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
+FINDINGS = (_preallocated, _mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
             _device_selection, _second_engine, _not_released, _weights_over_device, _weights_over_budget,
             _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _serving,
             _profiling, _loading, _kv_allocation, _small_utilization, _works_lower, _over_budget, _high_utilization)

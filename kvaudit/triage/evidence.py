@@ -367,9 +367,12 @@ _TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]s
 """A TP the reporter states ("with tensor_parallel_size=4", "TP: 8", "TP 4, model len 1000")."""
 _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption|"
                               r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
-                              r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))",
+                              r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))|"
+                              r"\b(?:why|how come)\b[^?\n]{0,80}?\b(?:consum\w*|uses?|using|takes?|taking|occup\w*|"
+                              r"reserv\w*|allocat\w*)\b[^?\n]{0,40}?\bmemory\b[^?\n]{0,20}\?",
                               re.IGNORECASE)
-"""The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?")."""
+"""The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?", "Why
+vLLM - GPTQ deployment consumes high memory?")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
                           r"[^.\n]{0,60}?(?:\boom\b|out of memory|显存不足|爆显存)|"
@@ -472,6 +475,11 @@ _PROSE_FACTS = [
     # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
     ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
                            r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib, (("weight",), ("take", "took", "use", "occup", "consum"))),
+    # the reporter saying the deployment fails, in any words ("OOM", "报错", "跑不起来": will not run, "can't start")
+    ("failure_said", re.compile(_FAILS + r"|跑不起来|起不来|无法(?:运行|启动)|不能(?:运行|启动)|can(?:'|no)t (?:run|start|load)|"
+                                r"won't (?:run|start|load)|does(?:n't| not) (?:run|start|load)", re.IGNORECASE),
+     lambda m: m.group(0), (_FAILING + ("跑不起来", "起不来", "无法", "不能", "can't", "cannot", "won't", "doesn't",
+                                        "does not"),)),
     # device memory measured rising over time: a figure, a time, a larger figure ("一段时间内显存占用固定为14G ... 1个多小时之后
     # 显存占用变成了18G，2个小时后占用变成了20G", "memory was 30 GB, after 2 hours it is 38 GB")
     ("memory_growth", _RISING, _rising, (("显存", "memory", "vram", "hbm"), ("小时", "分钟", "hour", "minute", "day", "天"))),
@@ -951,7 +959,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
         f"{i}d" for i in range(1, 10)),)),
     ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
                                             "video memory", "memory usage", "memory consumption", "memory footprint",
-                                            "显存"),)),
+                                            "显存", "memory?", "memory ?"),)),
     ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "tp ", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
