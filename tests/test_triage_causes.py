@@ -352,6 +352,16 @@ def test_a_question_about_memory_use_where_nothing_failed_is_vllms_preallocation
         assert t.deciding == ("budget",)  # (the utilization is vLLM's default here: asked for)
 
 
+def test_vllm_refusing_a_request_longer_than_max_model_len_is_no_memory_failure():
+    """A write-up of an L4 deployment (fixtures/reports/held-out-6/kenrollins-...-context-window-edge.txt): the
+    OpenAI client prints vLLM's validation error ("This model's maximum context length is N tokens"), which refuses
+    one request; the KV cache's plan is not involved."""
+    t = triage("Symptom\n\nError code: 400 - This model's maximum context length is 4096 tokens.\nHowever, you "
+               "requested 1024 output tokens and your prompt contains at\nleast 3073 input tokens")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "not-out-of-memory")
+    assert "maximum context length is 4096 tokens" in t.headline
+
+
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""

@@ -184,7 +184,6 @@ MISSED_LATER = {
         "datawhalechina-self-llm-162.txt": "fp16 weights over T4s for a model not resolved offline",
         "discuss-vllm-1502.txt": "a prose question on V1's one-request rule, no log",
         "joshua8-qwen35-35b-rtx-5090-vllm.txt": "Triton's autotuning buffers (memory vLLM does not profile) read as weights",
-        "kenrollins-gemma-forge-context-window-edge.txt": "an HTTP 400 context-length refusal is not read as a failure",
         "kenrollins-gemma-forge-nvfp4-vram-math.txt": "an NVFP4 checkpoint's bf16 attention weights are not in the figures",
         "tilcodes-speed-racer-gone-wrong.txt": "memory growing under CUDA graphs while serving is not read",
         "vllm-43951.txt": "the sleep-mode allocator's pool while weights load, read as weights",

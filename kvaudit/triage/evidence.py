@@ -319,6 +319,10 @@ _SIMPLE = [
      lambda m: int(m["v"]), (('卡', 'cards', 'gpus', 'npus'),)),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
                                 r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"]), (('*', '×'),)),
+    # vLLM refusing a request longer than max_model_len (vllm/renderers/params.py, earlier the OpenAI server's
+    # serving_engine.py: "This model's maximum context length is N tokens. However, ..."): an error, no memory's
+    ("exception", re.compile(r"This model's maximum context length is \d+ tokens"), lambda m: "VLLMValidationError",
+     (("maximum context length",),)),
     # the driver's release as nvidia-smi's header ("Driver Version: 535.54.03"), collect_env ("Nvidia driver version:
     # 535.54.03") and npu-smi's header ("npu-smi 23.0.rc2   Version: 23.0.rc2") print it
     ("driver_version", re.compile(r"(?:\b[Dd]river [Vv]ersion|npu-smi \S+\s+Version)\s*:\s*(?P<v>\d[\w.-]*)"),
