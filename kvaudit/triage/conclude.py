@@ -711,8 +711,9 @@ _USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow", 
 
 def _host_only(ev: Evidence, u: float) -> Fact | None:
     """The line naming the host's memory where the report says memory ran out, grew or is used (there, or anywhere)
-    and names only the host's ("CPU memory", "RAM", ps's RSS, "内存"): no device's memory named, no torch out-of-memory line, no figure
-    of the device's (its KV budget, a smi table, vLLM's refusal). ``None`` otherwise."""
+    and names only the host's ("CPU memory", "RAM", ps's RSS, top's RES, "内存"): no device's memory named, no torch
+    out-of-memory line, no figure of the device's (its KV budget, vLLM's refusal, a smi table that shows more held
+    than vLLM's budget ``u``: one at or under it is vLLM's own preallocation, as planned). ``None`` otherwise."""
     named = ev.all("host_memory_named")
     said = ev.first("oom_mentioned", "memory_growth", "memory_question", "not_released")
     host = named[0] if said is not None and named else next((f for f in named if _USE.search(f.text)), None)

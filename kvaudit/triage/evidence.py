@@ -297,12 +297,15 @@ _SIMPLE = [
     ("device_memory", re.compile(rf"total_gpu_memory[=\s(]+(?P<v>{_NUM}) ?GiB"), _gib, (('total_gpu_memory',),)),
     ("gpu_memory_utilization", re.compile(rf"Memory profiling results:.*\bgpu_memory_utilization=(?P<v>{_NUM})"),
      lambda m: float(m["v"]), (('memory profiling results',),)),
-    ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"], (('kv_connector',),)),
-    ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"], (('connector with name',),)),
+    ("kv_connector", re.compile(r"""kv_connector['"]?\s*[:=]\s*['"](?P<v>\w+)['"]"""), lambda m: m["v"],
+     (('kv_connector',),)),
+    ("kv_connector", re.compile(r"Creating v1 connector with name: (?P<v>\w+)"), lambda m: m["v"],
+     (('connector with name',),)),
     ("platform", re.compile(r"Platform plugin ascend is activated"), lambda m: "ascend", (('platform plugin',),)),
     ("platform", re.compile(r"Automatically detected platform cuda"), lambda m: "cuda", (('detected platform',),)),
     ("served", re.compile(r"Avg prompt throughput|Avg generation throughput|\"POST /v1/\S+ HTTP/1\.1\" 200|"
-                          r"Application startup complete"), lambda m: m.group(0), (('throughput', 'post /v1', 'startup complete'),)),
+                          r"Application startup complete"), lambda m: m.group(0),
+     (('throughput', 'post /v1', 'startup complete'),)),
     ("captured", re.compile(r"Graph capturing finished|Capturing CUDA graphs? .*100%|capturing (?:CUDA|ACL) graphs? took",
                             re.IGNORECASE), lambda m: m.group(0), (('captur',),)),
     ("capture_started", re.compile(r"Capturing (?:cudagraphs|CUDA graphs?|ACL graphs?)", re.IGNORECASE),
@@ -310,7 +313,8 @@ _SIMPLE = [
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9])(?:NPUs?|Ascend|910[BC]\d?)(?![A-Za-z0-9])|昇腾|npu-smi|vllm[-_]ascend",
                                   re.IGNORECASE), lambda m: "ascend", (('npu', 'ascend', '昇腾', '910'),)),
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
-                                  r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda", (('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),)),
+                                  r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda",
+     (('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),)),
     ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
                                      r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|卡|VRAM(?![A-Za-z])|"
                                      r"(?:v?NPU|GPU|card)s?(?![A-Za-z])(?!\s*(?:memory|mem|usage|显存)))", re.IGNORECASE),
@@ -330,16 +334,19 @@ _SIMPLE = [
     # the host's memory as `free` prints it ("Mem:  503Gi  41Gi ...") and the shared memory a container is given
     # ("--shm-size=10gb", compose's "shm_size: '16gb'")
     ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
-                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"], (('mem:', 'shm'),)),
+                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"],
+     (('mem:', 'shm'),)),
     # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
     # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
     # RAM")
     ("host_memory_named", re.compile(r"\b(?:cpu|host|system|physical|container)(?:'s)?\s+(?:ram|memory)\b|"
                                      r"(?<![A-Za-z])RAM(?![A-Za-z])|\bRSS\b|(?-i:\bVIRT\s+RES\b)|"
-                                     r"(?<!GPU)(?<!NPU)(?<!CUDA)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0), (('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),)),
+                                     r"(?<!GPU)(?<!NPU)(?<!CUDA)(?<!显卡)内存", re.IGNORECASE), lambda m: m.group(0),
+     (('cpu', 'host', 'system', 'physical', 'container', 'ram', 'rss', 'virt', '内存'),)),
     ("device_memory_named", re.compile(r"VRAM|显存|\bHBM\b|(?:GPU|NPU|CUDA|device|video|显卡)\s*(?:memory|mem|内存)|"
                                        r"(?:CUDA|NPU) out of memory|\b(?:GPU|NPU|card)s?\b[^.\n?]{0,20}?\b(?:RAM|memory)\b",
-                                       re.IGNORECASE), lambda m: m.group(0), (('vram', '显存', 'hbm', 'mem', '内存', ' ram', 'ram ', 'ram?'),)),
+                                       re.IGNORECASE), lambda m: m.group(0),
+     (('vram', '显存', 'hbm', 'mem', '内存', ' ram', 'ram ', 'ram?'),)),
 ]
 """Facts one line states, by a pattern of its own: (key, pattern, value, the words one of which a line must hold,
 lower-cased, before the pattern is tried; most log lines hold none, and a substring test costs a fraction of a regex
@@ -450,11 +457,13 @@ _PROSE_FACTS = [
     ("tp_fails", re.compile(rf"\b(?:TP|tensor[ _-]parallel(?:[ _-]size)?)\s*[=:]?\s*(?P<v>\d{1,18})\b[^.\n,;]{{0,20}}?{_FAILS}",
                             re.IGNORECASE), lambda m: int(m["v"]), (_TP, _FAILING)),
     ("util_works", re.compile(rf"(?:utili[sz]ation|util|为|成|to|=)\s*(?P<v>0\.\d+)\s*(?:(?:后|then|and|,|，)\s*)?"
-                              rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"]), (("0.",), _WORKING)),
+                              rf"(?:it\s+|the service\s+|服务)?{_WORKS}", re.IGNORECASE), lambda m: float(m["v"]),
+     (("0.",), _WORKING)),
     ("util_works", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}\s+is\s+(?P<v>0\.\d+)[^.\n]{{0,50}}?{_WORKS}",
                               re.IGNORECASE), lambda m: float(m["v"]), (("0.",), ("util",), _WORKING)),
     ("util_works", re.compile(rf"{_WORKS}[^.\n]{{0,40}}?(?:utili[sz]ation|util)\W{{0,3}}\s+from\s+0\.\d+\s+to\s+"
-                              r"(?P<v>0\.\d+)", re.IGNORECASE), lambda m: float(m["v"]), (("0.",), ("util",), ("from",), _WORKING)),
+                              r"(?P<v>0\.\d+)", re.IGNORECASE), lambda m: float(m["v"]),
+     (("0.",), ("util",), ("from",), _WORKING)),
     ("util_fails", re.compile(rf"(?:utili[sz]ation|util)\W{{0,3}}[^.\n]{{0,30}}?\bto\s+(?P<v>1\.0|0\.\d+)[^.\n]{{0,60}}?"
                               rf"{_FAILS}", re.IGNORECASE), lambda m: float(m["v"]), (("util",), _FAILING)),
     ("util_fails", re.compile(r"(?:utili[sz]ation|util)\W{0,3}\s+from\s+(?P<v>1\.0|0\.\d+)\s+to\s+0\.\d+",
@@ -467,18 +476,22 @@ _PROSE_FACTS = [
                                 r"(?:memory|kv|cache|blocks)|不释放|没有释放|未释放|"
                                 r"(?:how (?:to |do I |can I |we are suppose[d]? to )?|can't |cannot |unable to )unload (?:the |a )?"
                                 r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
-                                r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0), (("release", "free", "释放", "unload"),)),
+                                r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0),
+     (("release", "free", "释放", "unload"),)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
-                                    r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True, (("cuda_visible_devices",),)),
+                                    r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True,
+     (("cuda_visible_devices",),)),
     ("observed_utilization", re.compile(r"(?:utili[sz]ation\W{0,6}\s+(?:of|=|at)\s+(?P<asked>0\.\d+)\b.{0,20}?)?"
                                         r"(?:actual|real|memory)\s+(?:memory\s+)?(?:usage|use|utili[sz]ation)\s+"
                                         r"(?:reaches|reached|is|was|of|goes to|went to)\s+(?P<v>0\.\d+)",
                                         re.IGNORECASE),
-     lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"])), (("0.",), ("actual", "real", "usage", "use"))),
+     lambda m: (float(m["asked"]) if m["asked"] else None, float(m["v"])),
+     (("0.",), ("actual", "real", "usage", "use"))),
     # the weights' memory the reporter states ("Weights take 22 GB", "model weights took 13.3677 * 2 = 27 GB": the
     # figure vLLM's "Loading model weights took %.4f GB" line prints, in GiB whatever it says)
     ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
-                           r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib, (("weight",), ("take", "took", "use", "occup", "consum"))),
+                           r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib,
+     (("weight",), ("take", "took", "use", "occup", "consum"))),
     # the reporter saying the deployment fails, in any words ("OOM", "报错", "跑不起来": will not run, "can't start")
     ("failure_said", re.compile(_FAILS + r"|跑不起来|起不来|无法(?:运行|启动)|不能(?:运行|启动)|can(?:'|no)t (?:run|start|load)|"
                                 r"won't (?:run|start|load)|does(?:n't| not) (?:run|start|load)", re.IGNORECASE),
