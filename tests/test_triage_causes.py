@@ -362,6 +362,19 @@ def test_vllm_refusing_a_request_longer_than_max_model_len_is_no_memory_failure(
     assert "maximum context length is 4096 tokens" in t.headline
 
 
+@pytest.mark.parametrize("size, host", [(200, True), (100, False)])
+def test_a_kv_connectors_host_buffers_once_per_worker_over_the_hosts_memory_are_the_hosts_memory(size, host):
+    """LMCache/LMCache#949 (held-out-7): LMCache's ``max_local_cpu_size`` is a host buffer per vLLM worker; at TP 4,
+    200 GB of it is 800 GB on a 768 GB host, and the server does not start; 100 GB starts."""
+    t = triage("Memory size: 768GB\nGPU: 4x L40s (48GB each)\nLMCACHE_CONFIG_FILE=lmcache_config.yaml vllm serve "
+               "Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size 4 --kv-transfer-config "
+               "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'\n"
+               f"max_local_cpu_size: {size}\nthe vLLM server does not manage to start")
+    assert (t.verdict == PLAN_NOT_INVOLVED and t.cause == "host-memory") is host, t.headline
+    if host:
+        assert "max_local_cpu_size 200 GB × 4 worker(s) (TP 4) = 800 GB, more than the host's 768 GB" in t.headline
+
+
 def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_frames_show_it():
     """With a connector in the launch (vLLM's own ``--kv-transfer-config``) and no torch line, its release and
     settings are asked for beside the line and the smi table; the question says what its allocations would mean."""

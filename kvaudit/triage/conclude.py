@@ -726,6 +726,28 @@ def _host_only(ev: Evidence, u: float) -> Fact | None:
     return host if device is None and not over else None
 
 
+def _connector_buffers(ev: Evidence, values: dict[str, Sourced]) -> Fact | None:
+    """A KV connector's host buffers over the host's memory: LMCache's ``max_local_cpu_size`` (GB) once per vLLM
+    worker (TP × PP × DP of them) against the host's memory the report states (GB), as a host-memory failure; ``None``
+    where either figure is missing or the buffers fit."""
+    from kvaudit.triage.failures import HOST
+
+    size, total = ev.first("connector_cpu_gb"), ev.first("host_memory_gb")
+    if size is None or total is None or ev.first("kv_connector") is None:
+        return None
+    sizes = {k: values[k].value for k in ("tensor parallel size", "pipeline parallel size", "data parallel size")
+             if k in values and isinstance(values[k].value, int)}
+    workers = 1
+    for n in sizes.values():
+        workers *= n
+    if size.value * workers <= total.value:
+        return None
+    spread = " × ".join(f"{k.split()[0][0].upper()}P {n}" for k, n in sizes.items() if n > 1) or "one worker"
+    what = (f"the KV connector's host buffers: max_local_cpu_size {size.value:g} GB × {workers} worker(s) ({spread}) = "
+            f"{size.value * workers:g} GB, more than the host's {total.value:g} GB (line {total.line})")
+    return Fact("outside", (HOST, what), size.line, size.text)
+
+
 def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> Triage | None:
     """A failure that is not the device running out (``kvaudit.triage.failures``: the host's memory, NCCL/HCCL, the
     driver; or an error that is no memory error at all): the plan is not involved, and what is, said plainly."""
@@ -737,6 +759,8 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
     changed = bool(release_changes(ev))
     found = [f for f in ev.all("outside")  # a SIGKILL where a release change explains more memory: no host finding
              if not (changed and f.value[0] == HOST and f.value[1].startswith("kernel"))]
+    if not found and (buffers := _connector_buffers(ev, values)) is not None:
+        found = [buffers]
     if not found and host is not None:
         found = [Fact("outside", (HOST, "the host's memory named, and no device's"), host.line, host.text)]
     title = ev.first("title")

@@ -291,6 +291,8 @@ def _gib(m: re.Match) -> int:
     return round(float(m["v"]) * GiB)
 
 
+_DEVICE_WORDS = re.compile(r"gpu|npu|vram|显存|hbm|device|cuda|显卡", re.IGNORECASE)
+"""Words that put a memory on the device."""
 _SIMPLE = [
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
      _gib, (('memory profiling results',),)),
@@ -336,6 +338,17 @@ _SIMPLE = [
     ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
                                r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"],
      (('mem:', 'shm'),)),
+    # a KV connector's host buffer per worker: LMCache's max_local_cpu_size (GB; YAML key or LMCACHE_MAX_LOCAL_CPU_SIZE,
+    # LMCache's "Configuring LMCache" docs: one LMCache engine, and buffer, per vLLM worker)
+    ("connector_cpu_gb", re.compile(r"\b(?:max_local_cpu_size|LMCACHE_MAX_LOCAL_CPU_SIZE)\s*[:=]\s*['\"]?"
+                                    r"(?P<v>\d{1,6}(?:\.\d{1,3})?)"), lambda m: float(m["v"]),
+     (('max_local_cpu_size',),)),
+    # the host's memory as a spec sheet or `free -g` gives it ("Memory size: 768GB", "内存：64g", "Mem:  503"), in GB;
+    # not where the line is about a device's memory
+    ("host_memory_gb", re.compile(r"(?:\b(?:system |host |cpu )?(?:memory|ram)(?: size)?|内存)\s*[:：=]\s*(?P<v>\d{1,5})"
+                                  r"\s*(?:GB|GiB|G)\b|^\s*Mem:\s+(?P<f>\d{1,5})(?:\s|Gi?\b)", re.IGNORECASE),
+     lambda m: None if _DEVICE_WORDS.search(m.string) else float(m["v"] or m["f"]),
+     (('memory', 'ram', '内存', 'mem:'),)),
     # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
     # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
     # RAM")
