@@ -348,7 +348,7 @@ _SIMPLE = [
     ("host_memory_gb", re.compile(r"(?:\b(?:system |host |cpu )?(?:memory|ram)(?: size)?|内存)\s*[:：=]\s*(?P<v>\d{1,5})"
                                   r"\s*(?:GB|GiB|G)\b|^\s*Mem:\s+(?P<f>\d{1,5})(?:\s|Gi?\b)", re.IGNORECASE),
      lambda m: None if _DEVICE_WORDS.search(m.string) else float(m["v"] or m["f"]),
-     (('memory', 'ram', '内存', 'mem:'),)),
+     (('memory:', 'memory :', 'memory size', 'memory=', 'ram:', 'ram :', 'ram=', '内存：', '内存:', '内存 :', 'mem:'),)),
     # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
     # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
     # RAM")
