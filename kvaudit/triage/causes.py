@@ -12,6 +12,7 @@ from typing import Any
 
 from kvaudit.triage.changes import CHANGES, between, since_before
 from kvaudit.triage.evidence import Evidence, Fact
+from kvaudit.triage import ledger
 from kvaudit.triage.sourced import Sourced, short, where
 from kvaudit.units import fmt_bytes
 from kvaudit.versions import version_key
@@ -111,8 +112,6 @@ def release_changes(ev: Evidence) -> list[Any]:
 
 def report_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: str | None) -> Any:
     """The inequality the report's own figures break (no prediction: where kvaudit does not plan)."""
-    from kvaudit.triage import ledger
-
     return ledger.build(ev, stated=stated_device(values), utilization=u).breach(phase)
 
 
@@ -299,8 +298,6 @@ def _stated(ev: Evidence, values: dict[str, Sourced], term: str) -> bool:
     """Whether the report states ``term``: a line of vLLM's log (``kvaudit.triage.ledger.REPORTED``), torch's
     out-of-memory line or a smi table, the launch's utilization, the device's memory, the host's memory (`free`,
     `--shm-size`), the driver's release."""
-    from kvaudit.triage import ledger
-
     if term in ledger.REPORTED and ledger.reported(ev, term) is not None:
         return True
     if term == "budget":
@@ -570,11 +567,16 @@ def _graphs_at_a_high_utilization(c: _Case) -> _Finding | None:
                         "`--enforce-eager` at some decode speed."])
 
 
+_PHASE_CAUSE = {phase: cause for phase, (_, cause, _) in ledger.PHASE_TERMS.items()}
+"""The cause an out-of-memory error in each phase is, where nothing before it in ``FINDINGS`` holds: the ledger's
+(``kvaudit.triage.ledger.PHASE_TERMS``), one mapping for the ledger's phase breach and these findings."""
+
+
 def _graphs(c: _Case) -> _Finding | None:
     eager = c.ev.first("eager_works")
     if c.phase != "CUDA/ACL graph capture" and eager is None:
         return None
-    cause = "graph-capture"
+    cause = _PHASE_CAUSE["CUDA/ACL graph capture"]
     return _Finding(cause, f"the device ran out during {CAUSES[cause]}" + (
         f" (the report says it works with --enforce-eager: {where(eager, 80)})" if eager else "") + ".", [
         "Leave graph memory room: a lower `--gpu-memory-utilization`, a smaller `--max-num-seqs` (fewer capture "
@@ -584,7 +586,7 @@ def _graphs(c: _Case) -> _Finding | None:
 def _serving(c: _Case) -> _Finding | None:
     if c.phase != "serving requests" and not (c.phase is None and c.ev.first("serving_oom") is not None):
         return None
-    cause = "activations-while-serving"
+    cause = _PHASE_CAUSE["serving requests"]
     return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
         "Leave activations room: a lower `--gpu-memory-utilization`, or smaller `--max-num-batched-tokens` / "
         "`--max-num-seqs`; very long prompts need chunked prefill."])
@@ -593,7 +595,7 @@ def _serving(c: _Case) -> _Finding | None:
 def _profiling(c: _Case) -> _Finding | None:
     if c.phase != "memory profiling":
         return None
-    cause = "memory-profiling"
+    cause = _PHASE_CAUSE["memory profiling"]
     return _Finding(cause, f"the device ran out during {CAUSES[cause]}.", [
         "Lower `--max-num-batched-tokens` or `--max-num-seqs` (the profile run's batch), or free the device of other "
         "memory."])
@@ -602,7 +604,7 @@ def _profiling(c: _Case) -> _Finding | None:
 def _loading(c: _Case) -> _Finding | None:
     if c.phase != "weight loading" and not (c.weights is not None and c.T and c.weights[0] > c.T):
         return None
-    cause = "weights"
+    cause = _PHASE_CAUSE["weight loading"]
     size = f" ({c.weights[1]})" if c.weights is not None else ""
     return _Finding(cause, f"the device ran out during weight loading: {CAUSES[cause]} at this TP{size}.",
                     ["Spread the weights: a larger `--tensor-parallel-size` (or PP), or a quantized checkpoint."])
@@ -611,7 +613,7 @@ def _loading(c: _Case) -> _Finding | None:
 def _kv_allocation(c: _Case) -> _Finding | None:
     if c.phase != "kv-cache allocation":
         return None
-    cause = "budget-did-not-fit"
+    cause = _PHASE_CAUSE["kv-cache allocation"]
     return _Finding(cause, f"the device ran out in the KV-cache allocation: {CAUSES[cause]}; memory outside vLLM's "
                     "profile (non-torch allocations, another process) or a utilization too close to 1.")
 
