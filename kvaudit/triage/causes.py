@@ -118,8 +118,7 @@ def report_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: str
 def stated_device(values: dict[str, Sourced]) -> dict[str, tuple[int, str]]:
     """The device's memory where the report states it (a line, the title), as the ledger's reported figure."""
     device = values.get("device memory")
-    return {"device memory": (device.value, device.source)} if device is not None and device.source.startswith(
-        ("line ", "title")) else {}
+    return {"device memory": (device.value, device.source)} if device is not None and device.reported else {}
 
 
 DECIDING_OOM = ("the out-of-memory error as torch printed it (\"Tried to allocate X. GPU 0 has a total capacity of T of "
@@ -219,7 +218,7 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     terms = _runtime_terms(ev)
     if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
-    if not terms and _figures_shown(ev) and (u is None or u.source.startswith("assumed")):
+    if not terms and _figures_shown(ev) and not _reported(values, "gpu_memory_utilization"):
         return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
     if terms and ev.first("launch_parser") is None:
         terms += _launch_terms(ev, values)
@@ -231,11 +230,14 @@ def _launch_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     of vLLM's budget its settings decide and the report does not state otherwise: the budget (the utilization), the
     KV one request needs (max_model_len) and the profile run's activation peak (max_num_seqs and
     max_num_batched_tokens). A launch that leaves a setting out runs vLLM's default, which is then known."""
-    u = values.get("gpu_memory_utilization")
-    mml = values.get("max model len")
-    return ([] if u is not None and not u.source.startswith("assumed") else ["budget"]) + (
-        [] if mml is not None and not mml.source.startswith("assumed") else ["KV for one request"]) + (
+    return ([] if _reported(values, "gpu_memory_utilization") else ["budget"]) + (
+        [] if _reported(values, "max model len") else ["KV for one request"]) + (
         [] if ev.first("max_num_seqs", "max_num_batched_tokens") is not None else ["peak activation"])
+
+
+def _reported(values: dict[str, Sourced], key: str) -> bool:
+    """Whether the report itself states the deployment's ``key`` (``Sourced.reported``)."""
+    return key in values and values[key].reported
 
 
 def _figures_shown(ev: Evidence) -> bool:
@@ -300,12 +302,9 @@ def _stated(ev: Evidence, values: dict[str, Sourced], term: str) -> bool:
     `--shm-size`), the driver's release."""
     if term in ledger.REPORTED and ledger.reported(ev, term) is not None:
         return True
-    if term == "budget":
-        u = values.get("gpu_memory_utilization")
-        return u is not None and not u.source.startswith("assumed")
-    if term == "weights":
-        return "weights" in values and values["weights"].source.startswith(("line ", "title"))
-    checks = {"device memory": lambda: bool(stated_device(values)),
+    checks = {"budget": lambda: _reported(values, "gpu_memory_utilization"),
+              "weights": lambda: _reported(values, "weights"),
+              "device memory": lambda: _reported(values, "device memory"),
               "KV for one request": lambda: ev.first("kv_capacity_error") is not None,
               "failing allocation": lambda: ev.value("oom") is not None,
               "outside this process": lambda: _figures_shown(ev),
@@ -344,7 +343,7 @@ class _Case:
 
     @property
     def stated_u(self) -> bool:
-        return not self.values["gpu_memory_utilization"].source.startswith("assumed")
+        return _reported(self.values, "gpu_memory_utilization")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -684,7 +685,7 @@ def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: 
 
     stated = values.get("KV budget")
     budget = (_kv_budget_at(stated.value, d.gpu_memory_utilization, u, d.device_memory_bytes)
-              if stated is not None and isinstance(stated.value, int) and not stated.source.startswith("derived")
+              if stated is not None and isinstance(stated.value, int) and stated.reported
               else dataclasses.replace(d, gpu_memory_utilization=u).kv_budget_bytes)
     try:
         need = request_need(d, _planning_rule(inputs), budget=budget)
@@ -735,15 +736,14 @@ def _connector_buffers(ev: Evidence, values: dict[str, Sourced]) -> Fact | None:
     size, total = ev.first("connector_cpu_gb"), ev.first("host_memory_gb")
     if size is None or total is None or ev.first("kv_connector") is None:
         return None
-    sizes = {k: values[k].value for k in ("tensor parallel size", "pipeline parallel size", "data parallel size")
-             if k in values and isinstance(values[k].value, int)}
-    workers = 1
-    for n in sizes.values():
-        workers *= n
+    spread = [(label, values[key].value) for key, label in (("tensor parallel size", "TP"),
+                                                            ("pipeline parallel size", "PP"), ("data parallel size", "DP"))
+              if key in values and isinstance(values[key].value, int)]
+    workers = math.prod(n for _, n in spread)
     if size.value * workers <= total.value:
         return None
-    spread = " × ".join(f"{k.split()[0][0].upper()}P {n}" for k, n in sizes.items() if n > 1) or "one worker"
-    what = (f"the KV connector's host buffers: max_local_cpu_size {size.value:g} GB × {workers} worker(s) ({spread}) = "
+    spread_text = " × ".join(f"{label} {n}" for label, n in spread if n > 1) or "one worker"
+    what = (f"the KV connector's host buffers: max_local_cpu_size {size.value:g} GB × {workers} worker(s) ({spread_text}) = "
             f"{size.value * workers:g} GB, more than the host's {total.value:g} GB (line {total.line})")
     return Fact("outside", (HOST, what), size.line, size.text)
 

@@ -17,6 +17,12 @@ class Sourced:
     value: Any
     source: str
 
+    @property
+    def reported(self) -> bool:
+        """Whether the report itself states the value: its source is a line or the title (``from_fact``), not a
+        derivation or an assumption."""
+        return self.source.startswith(("line ", "title"))
+
     def to_dict(self) -> dict:
         """JSON form."""
         return {"value": self.value, "source": self.source}
