@@ -294,7 +294,9 @@ def test_a_driver_failure_rests_on_the_driver_release_unless_the_smi_header_stat
 
 
 @pytest.mark.parametrize("shown, named", [
-    ("", True), ("Mem:           503Gi        41Gi       400Gi\n", False), ("docker run --shm-size=10gb vllm\n", False)])
+    ("", True), ("Mem:           503Gi        41Gi       400Gi\n", False), ("docker run --shm-size=10gb vllm\n", False),
+    ("Mem:        527958520    43012344  419430400\n", False),  # `free` in KiB: stated, though no figure is read
+    ("内存：64g\n", False), ("GPU memory: 80GB\n", True)])  # a spec sheet's host memory; a device's is not the host's
 def test_a_host_memory_failure_rests_on_the_hosts_memory_unless_the_report_shows_it(shown, named):
     t = triage(shown + "vllm serve /models/x\nRayOutOfMemoryError: Task was killed due to the node running low on memory.")
     assert t.verdict == PLAN_NOT_INVOLVED and t.cause == "host-memory"
@@ -362,11 +364,13 @@ def test_vllm_refusing_a_request_longer_than_max_model_len_is_no_memory_failure(
     assert "maximum context length is 4096 tokens" in t.headline
 
 
+@pytest.mark.parametrize("spec", ["Memory size: 768GB", "Mem:           768Gi        41Gi       700Gi", "Mem: 0.75Ti"])
 @pytest.mark.parametrize("size, host", [(200, True), (100, False)])
-def test_a_kv_connectors_host_buffers_once_per_worker_over_the_hosts_memory_are_the_hosts_memory(size, host):
+def test_a_kv_connectors_host_buffers_once_per_worker_over_the_hosts_memory_are_the_hosts_memory(size, host, spec):
     """LMCache/LMCache#949 (held-out-7): LMCache's ``max_local_cpu_size`` is a host buffer per vLLM worker; at TP 4,
-    200 GB of it is 800 GB on a 768 GB host, and the server does not start; 100 GB starts."""
-    t = triage("Memory size: 768GB\nGPU: 4x L40s (48GB each)\nLMCACHE_CONFIG_FILE=lmcache_config.yaml vllm serve "
+    200 GB of it is 800 GB on a 768 GB host, and the server does not start; 100 GB starts. The host's memory as its
+    spec sheet or `free -h` states it."""
+    t = triage(f"{spec}\nGPU: 4x L40s (48GB each)\nLMCACHE_CONFIG_FILE=lmcache_config.yaml vllm serve "
                "Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size 4 --kv-transfer-config "
                "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'\n"
                f"max_local_cpu_size: {size}\nthe vLLM server does not manage to start")

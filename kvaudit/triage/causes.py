@@ -308,7 +308,7 @@ def _stated(ev: Evidence, values: dict[str, Sourced], term: str) -> bool:
               "KV for one request": lambda: ev.first("kv_capacity_error") is not None,
               "failing allocation": lambda: ev.value("oom") is not None,
               "outside this process": lambda: _figures_shown(ev),
-              "host memory": lambda: ev.first("host_memory") is not None,
+              "host memory": lambda: ev.first("host_memory", "shm_size") is not None,
               "release": lambda: ev.first("driver_version") is not None}
     return checks[term]() if term in checks else False
 

@@ -733,7 +733,8 @@ def _connector_buffers(ev: Evidence, values: dict[str, Sourced]) -> Fact | None:
     where either figure is missing or the buffers fit."""
     from kvaudit.triage.failures import HOST
 
-    size, total = ev.first("connector_cpu_gb"), ev.first("host_memory_gb")
+    size = ev.first("connector_cpu_gb")
+    total = next((f for f in ev.all("host_memory") if isinstance(f.value, float)), None)
     if size is None or total is None or ev.first("kv_connector") is None:
         return None
     spread = [(label, values[key].value) for key, label in (("tensor parallel size", "TP"),

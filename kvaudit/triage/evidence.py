@@ -292,6 +292,13 @@ def _gib(m: re.Match) -> int:
 
 
 _DEVICE_WORDS = re.compile(r"gpu|npu|vram|显存|hbm|device|cuda|显卡", re.IGNORECASE)
+_GIB_PER = {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+
+
+def _host_gib(m: re.Match) -> float | str:
+    """free's "Mem:" total in GiB where a unit follows it ("503Gi", "1.0Ti"), else the figure as printed."""
+    return float(m["v"]) * _GIB_PER[m["u"][0]] if m["u"] else m["v"]
+
 """Words that put a memory on the device."""
 _SIMPLE = [
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
@@ -333,22 +340,23 @@ _SIMPLE = [
     # 535.54.03") and npu-smi's header ("npu-smi 23.0.rc2   Version: 23.0.rc2") print it
     ("driver_version", re.compile(r"(?:\b[Dd]river [Vv]ersion|npu-smi \S+\s+Version)\s*:\s*(?P<v>\d[\w.-]*)"),
      lambda m: m["v"], (('driver version', 'npu-smi'),)),
-    # the host's memory as `free` prints it ("Mem:  503Gi  41Gi ...") and the shared memory a container is given
-    # ("--shm-size=10gb", compose's "shm_size: '16gb'")
-    ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*\s*[KMGT]i?B?)\b|--shm-size[= ](?P<s>\d[\w.]*)|"
-                               r"\bshm_size\W{1,4}(?P<c>\d[\w.]*)"), lambda m: m["v"] or m["s"] or m["c"],
-     (('mem:', 'shm'),)),
+    # the host's memory as `free` prints it ("Mem:  503Gi  41Gi ..."), in GiB where it prints a unit (`free -h`; no
+    # unit is a size in the unit of a flag the report may not show, stated but no figure), and the shared memory a
+    # container is given ("--shm-size=10gb", compose's "shm_size: '16gb'"): what states the host's memory
+    ("host_memory", re.compile(r"^\s*Mem:\s+(?P<v>\d[\d.]*)\s*(?P<u>[KMGT]i?)?B?(?!\S)"), _host_gib, (('mem:',),)),
+    ("shm_size", re.compile(r"--shm-size[= ](?P<s>\d[\w.]*)|\bshm_size\W{1,4}(?P<c>\d[\w.]*)"),
+     lambda m: m["s"] or m["c"], (('shm',),)),
     # a KV connector's host buffer per worker: LMCache's max_local_cpu_size (GB; YAML key or LMCACHE_MAX_LOCAL_CPU_SIZE,
     # LMCache's "Configuring LMCache" docs: one LMCache engine, and buffer, per vLLM worker)
     ("connector_cpu_gb", re.compile(r"\b(?:max_local_cpu_size|LMCACHE_MAX_LOCAL_CPU_SIZE)\s*[:=]\s*['\"]?"
                                     r"(?P<v>\d{1,6}(?:\.\d{1,3})?)"), lambda m: float(m["v"]),
      (('max_local_cpu_size',),)),
-    # the host's memory as a spec sheet or `free -g` gives it ("Memory size: 768GB", "内存：64g", "Mem:  503"), in GB;
-    # not where the line is about a device's memory
-    ("host_memory_gb", re.compile(r"(?:\b(?:system |host |cpu )?(?:memory|ram)(?: size)?|内存)\s*[:：=]\s*(?P<v>\d{1,5})"
-                                  r"\s*(?:GB|GiB|G)\b|^\s*Mem:\s+(?P<f>\d{1,5})(?:\s|Gi?\b)", re.IGNORECASE),
-     lambda m: None if _DEVICE_WORDS.search(m.string) else float(m["v"] or m["f"]),
-     (('memory:', 'memory :', 'memory size', 'memory=', 'ram:', 'ram :', 'ram=', '内存：', '内存:', '内存 :', 'mem:'),)),
+    # the host's memory as a spec sheet gives it ("Memory size: 768GB", "内存：64g"), in GB; not where the line is about
+    # a device's memory
+    ("host_memory", re.compile(r"(?:\b(?:system |host |cpu )?(?:memory|ram)(?: size)?|内存)\s*[:：=]\s*(?P<v>\d{1,5})"
+                               r"\s*(?:GB|GiB|G)\b", re.IGNORECASE),
+     lambda m: None if _DEVICE_WORDS.search(m.string) else float(m["v"]),
+     (('memory:', 'memory :', 'memory size', 'memory=', 'ram:', 'ram :', 'ram=', '内存：', '内存:', '内存 :'),)),
     # which memory the reporter means: the host's ("CPU memory", "RAM", ps's RSS and top's RES columns, "内存", the
     # RAM of Chinese usage) or the device's ("VRAM", "显存", "GPU memory", "CUDA out of memory", "each A10 GPU has 24G
     # RAM")
