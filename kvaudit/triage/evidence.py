@@ -448,7 +448,10 @@ _NOMINAL_GB = {"l40": 48, "l40s": 48, "l20": 48, "l4": 24, "3090": 24, "4090": 2
 _WORKS = r"(?:works?|worked|working|runs? fine|ran fine|is fine|fine|ok\b|okay|succeed(?:s|ed)?|successful(?:ly)?|" \
          r"solved|fixe[sd]|resolved|run normally|runs normally|started normally|it startup|it starts|starts up|started up|" \
          r"can run|能拉|正常|成功|解决|可以)"
-_FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败)"
+_FAILS = r"(?:fails?|failed|OOMs?|crash(?:es|ed)?|errors?|does(?:n't| not) work|out of memory|报错|失败|跑不起来|起不来|" \
+         r"无法(?:运行|启动)|不能(?:运行|启动)|can(?:'|no)t (?:run|start|load)|won't (?:run|start|load)|" \
+         r"does(?:n't| not) (?:run|start|load))"
+"""The reporter saying something fails, in any words ("OOM", "报错", "跑不起来": will not run, "can't start")."""
 _WORKS_RX = re.compile(_WORKS, re.IGNORECASE)
 _FAILS_RX = re.compile(_FAILS, re.IGNORECASE)
 _WORKING = ("work", " fine", " ok", "okay", "succe", "solved", "fixe", "resolved", "normally", "it start", "starts up",
@@ -456,7 +459,9 @@ _WORKING = ("work", " fine", " ok", "okay", "succe", "solved", "fixe", "resolved
             "started up", "正常", "成功", "解决", "可以", "能拉")
 """Words of ``_WORKS`` to look for first (" ok", not "ok": every log line with "tokens" holds that)."""
 _TP = (" tp", "\ntp", "-tp", "(tp", "tensor")
-_FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败")
+_FAILING = ("fail", "oom", "crash", "error", "not work", "n't work", "out of memory", "报错", "失败", "跑不起来", "起不来", "无法",
+            "不能", "can't", "cannot", "won't", "doesn't", "does not")
+"""Words of ``_FAILS`` to look for first."""
 _FIGURE = r"(\d{1,6}(?:\.\d{1,3})?)\s*(G|GB|GiB|M|MB|MiB)\b"
 _RISING = re.compile(rf"(?:显存|memory|VRAM|HBM)[^\n]{{0,60}}?{_FIGURE}[^\n]{{0,60}}?(?:小时|分钟|天|hours?|minutes?|days?)"
                      rf"[^\n]{{0,30}}?{_FIGURE}", re.IGNORECASE)
@@ -513,11 +518,7 @@ _PROSE_FACTS = [
     ("weights", re.compile(r"\bweights?\s+(?:take|took|takes|use[sd]?|occup(?:y|ies|ied)|consume[sd]?)\s+(?:about\s+|"
                            r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib,
      (("weight",), ("take", "took", "use", "occup", "consum"))),
-    # the reporter saying the deployment fails, in any words ("OOM", "报错", "跑不起来": will not run, "can't start")
-    ("failure_said", re.compile(_FAILS + r"|跑不起来|起不来|无法(?:运行|启动)|不能(?:运行|启动)|can(?:'|no)t (?:run|start|load)|"
-                                r"won't (?:run|start|load)|does(?:n't| not) (?:run|start|load)", re.IGNORECASE),
-     lambda m: m.group(0), (_FAILING + ("跑不起来", "起不来", "无法", "不能", "can't", "cannot", "won't", "doesn't",
-                                        "does not"),)),
+    ("failure_said", re.compile(_FAILS, re.IGNORECASE), lambda m: m.group(0), (_FAILING,)),
     # device memory measured rising over time: a figure, a time, a larger figure ("一段时间内显存占用固定为14G ... 1个多小时之后
     # 显存占用变成了18G，2个小时后占用变成了20G", "memory was 30 GB, after 2 hours it is 38 GB")
     ("memory_growth", _RISING, _rising, (("显存", "memory", "vram", "hbm"), ("小时", "分钟", "hour", "minute", "day", "天"))),
