@@ -110,9 +110,17 @@ def release_changes(ev: Evidence) -> list[Any]:
     return between(works, fails) if works else since_before(fails)
 
 
-def report_breach(ev: Evidence, values: dict[str, Sourced], u: float, phase: str | None) -> Any:
-    """The inequality the report's own figures break (no prediction: where kvaudit does not plan)."""
-    return ledger.build(ev, stated=stated_device(values), utilization=u).breach(phase)
+def own_ledger(ev: Evidence, values: dict[str, Sourced]) -> ledger.Ledger:
+    """The report's own ledger: its figures, the device's memory where it states it, its utilization, and the weights
+    its model's name gives where it states none (no deployment planned)."""
+    named = weights_per_rank(values) if "weights" not in values else None
+    return ledger.build(ev, stated=stated_device(values), utilization=values["gpu_memory_utilization"].value,
+                        weights=named)
+
+
+def report_breach(ev: Evidence, values: dict[str, Sourced], phase: str | None) -> Any:
+    """The inequality the report's own ledger (``own_ledger``) breaks."""
+    return own_ledger(ev, values).breach(phase)
 
 
 def stated_device(values: dict[str, Sourced]) -> dict[str, tuple[int, str]]:
@@ -212,7 +220,7 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
     u = values.get("gpu_memory_utilization")
-    over = report_breach(ev, values, u.value, phase_of(ev)) if u is not None and u.value else None
+    over = report_breach(ev, values, phase_of(ev)) if u is not None and u.value else None
     if over is not None and over.cause == "over-budget":
         return ["failing allocation", "weights"]  # which budgeted term grew: the traceback's phase, the weights' figure
     terms = _runtime_terms(ev)
@@ -676,7 +684,7 @@ def cause_of(ev: Evidence, values: dict[str, Sourced], T: int | None,
     phase = phase_of(ev)
     budget = values.get("KV budget")
     c = _Case(ev, values, T, u, oom, phase, weights_per_rank(values), budget.value if budget is not None else None,
-              report_breach(ev, values, u, phase),
+              report_breach(ev, values, phase),
               ev.first("served", "captured", "memory_growth", "serving_oom") is not None
               or phase in ("CUDA/ACL graph capture", "serving requests"))
     found = next((f for f in (find(c) for find in FINDINGS) if f is not None), None)

@@ -24,7 +24,7 @@ from kvaudit.model.hub import names_hub_model
 from kvaudit.model.spec import ModelSpec
 from kvaudit.triage.commands import OWN_READER
 from kvaudit.triage.causes import (CAUSES, SAID, asks, cause_of, deciding_terms, phase_of, release_changes,
-                                   rests_on, stated_device, weights_per_rank)
+                                   own_ledger, rests_on, stated_device)
 from kvaudit.triage.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.triage.sourced import Sourced, assumed, from_fact, short, where
 from kvaudit.units import fmt_bytes
@@ -552,11 +552,8 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
     from kvaudit.plan.planner import request_need
     from kvaudit.triage import ledger
 
-    stated = stated_device(values)
-    u = values["gpu_memory_utilization"].value
     if predicted is None:  # no deployment of kvaudit's (or a stand-in's, whose bytes are not the model's)
-        named = weights_per_rank(values) if "weights" not in values else None  # (the model's own name, not a stand-in's)
-        return ledger.build(ev, stated=stated, utilization=u, weights=named)
+        return own_ledger(ev, values)
     stated_budget = ledger.reported(ev, "KV budget")
     budget = stated_budget.value if stated_budget is not None else None
     rule = _planning_rule(inputs)
@@ -564,7 +561,8 @@ def _ledger(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, predicted
         need = request_need(predicted, rule, budget=budget)
     except (ConfigError, NotAuditable):
         need = None
-    return ledger.build(ev, predicted, need, stated=stated, utilization=u)
+    return ledger.build(ev, predicted, need, stated=stated_device(values),
+                        utilization=values["gpu_memory_utilization"].value)
 
 
 def _planning_rule(inputs: _Inputs) -> str:
