@@ -144,7 +144,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
-                        "held-out-8")}
+                        "held-out-8", "held-out-9")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -199,6 +199,16 @@ MISSED_LATER = {
     },
     "held-out-8": {
         "ai-dynamo-dynamo-10104.txt": "a generated deployment's max_model_len against its GPU's memory; the report is cut",
+    },
+    "held-out-9": {
+        "QwenLM-Qwen2.5-Omni-288.txt": "a worker's error beside a bare 'Killed' is read as the host's memory",
+        "hiyouga-EasyR1-50.txt": "'memory usage is growing' in a trainer, whose memory unnamed",
+        "vllm-project-aibrix-1054.txt": "a V100-16GB named in the pod's description against an 8B model; the report is cut",
+        "vllm-project-production-stack-782.txt": "a router pod's memory limit; the report has no memory word",
+        "xorbitsai-inference-1292.txt": "memory rising after an upgrade moved the model to vLLM's backend",
+        "xorbitsai-inference-1848.txt": "a platform refusing a second model on a GPU a vLLM model holds",
+        "xorbitsai-inference-3041.txt": "a platform refusing a second model on a GPU a vLLM model holds",
+        "xorbitsai-inference-3586.txt": "a second model launched without a device index onto vLLM's GPUs",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
