@@ -39,6 +39,12 @@ ASKED = {  # a question in ask_for, and the fact of expected.json that answers i
 }
 
 
+def deciding_terms(want: dict) -> set[str]:
+    """The thread's ``deciding_term``: a list of ledger terms, or one term written as a string."""
+    terms = want.get("deciding_term") or ()
+    return {terms} if isinstance(terms, str) else set(terms)
+
+
 def scored(want: dict, verdict: str | None, cause: str | None, deciding=()) -> tuple[bool, str]:
     """Whether an answer (verdict, cause, the deciding terms named) is the thread's diagnosis ``want``, and how it
     is not: "" where it is the diagnosis itself, "named the deciding term", "confident-wrong", or "not concluded"."""
@@ -46,7 +52,7 @@ def scored(want: dict, verdict: str | None, cause: str | None, deciding=()) -> t
     if verdict == want["verdict"] and (want.get("cause") is None
                                        or SAME.get(cause, cause) == SAME.get(want["cause"], want["cause"])):
         return True, ""
-    if undecided and set(want.get("deciding_term") or ()) & set(deciding):
+    if undecided and deciding_terms(want) & set(deciding):
         return True, "named the deciding term"
     return False, "not concluded" if undecided else "confident-wrong"
 
@@ -101,7 +107,7 @@ def score(folder: str, show: bool = False) -> dict:
                 totals["asked_stated"] += 1
                 notes.append(f"asked for the {fact}")
         ok = None
-        named = bool(set(want.get("deciding_term") or ()) & set((doc or {}).get("deciding", ())))
+        named = bool(deciding_terms(want) & set((doc or {}).get("deciding", ())))
         if want.get("deciding_term"):
             totals["deciding"] += 1
             totals["deciding_named"] += named
