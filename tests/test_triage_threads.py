@@ -238,3 +238,7 @@ def test_later_held_out_sets_are_cited_and_expected(folder):
     readme = (LATER[folder] / "README.md").read_text()
     assert names == sorted(expected) and len(names) >= 6  # (held-out-8: six, all its collectors could read whole)
     assert all(f"`{n}`" in readme or n in readme for n in names)
+    from kvaudit.triage.causes import DECIDING
+    for n, want in expected.items():  # (a term written as a bare string once scored as a set of its letters)
+        terms = want.get("deciding_term")
+        assert terms is None or isinstance(terms, list) and set(terms) <= set(DECIDING) | {"model", "other"}, (n, terms)
