@@ -465,3 +465,71 @@ def test_this_process_over_vllms_budget_is_a_term_that_grew_decided_by_the_trace
     assert _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="78.00")).cause == "unknown"
     within = _cause("vllm serve /models/x --gpu-memory-utilization 0.9\n" + OOM.format(held="70.00"))
     assert within.inequality is None and "weights" not in within.deciding  # 70.00 GiB: within the budget
+
+
+_WORKER_FAILED = (  # QwenLM/Qwen2.5-Omni#288 (held-out-9), verbatim: a worker's error, vLLM's own shutdown, the shell
+    "ERROR 05-19 22:17:53 [core.py:386] RuntimeError: ('Worker failed with error %s, please check the stack trace "
+    "above for the root cause', \"'tuple' object has no attribute 'ndim'\")\n"
+    "CRITICAL 05-19 22:17:53 [core_client.py:359] Got fatal signal from worker processes, shutting down. See stack "
+    "trace above for root cause issue.\n")
+
+
+@pytest.mark.parametrize("before, cause", [(_WORKER_FAILED, "not-out-of-memory"), ("", "host-memory")])
+def test_the_shells_killed_after_vllm_killed_its_own_process_tree_is_not_the_hosts_memory(before, cause):
+    """vLLM's engine client kills its process tree (SIGKILL) on a worker's fatal signal, so the shell's "Killed" after
+    it is vLLM's own; the worker's error is the cause. A bare "Killed" alone is still the kernel's."""
+    t = triage("vllm serve Qwen2.5-Omni-7B --dtype bfloat16 -tp 4\n" + before + "Killed\n")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, cause), t.headline
+
+
+@pytest.mark.parametrize("line", [
+    # xorbitsai/inference#1848 and #3041 (held-out-9): Xinference refusing a second model on a GPU vLLM holds
+    "RuntimeError: [address=0.0.0.0:54846, pid=45] User specified GPU index 0 has been occupied with a vLLM model: "
+    "Qwen1.5-14B-Chat-GPTQ-int4-1-0, therefore cannot allocate GPU memory for a new model.",
+    '"detail": "[address=0.0.0.0:22635, pid=141] GPU index 0 has been occupied with a vLLM model: qwen2.5-instruct-0, '
+    'therefore cannot allocate GPU memory for a new model."',
+    "加载第二个模型时报错，显卡被其他进程占用了"])
+def test_a_device_another_model_or_process_holds_is_another_process(line):
+    t = triage("vllm serve Qwen/Qwen2.5-7B-Instruct\n" + line)
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "another-process"), t.headline
+
+
+def test_a_chinese_sentence_reads_the_device_running_out_and_the_weights_bits():
+    """xorbitsai/inference#1292 (held-out-9): "显存就会溢出" is the device running out; "4位量化模型" a 4-bit checkpoint,
+    whose weights the name's parameter count gives at half a byte each."""
+    ev = extract(clean_lines("我一直使用xinfernece部署Qwen1.5-14b 4位量化模型，2~3轮对话后显存就会溢出"))
+    assert ev.value("oom_mentioned") is True and ev.value("weight_bits") == 4
+    assert {f.value for f in ev.all("model_mention")} == {"Qwen1.5-14b"}  # (not "Qwen1.5-14b 4")
+    t = triage("我一直使用xinfernece部署Qwen1.5-14b 4位量化模型，2~3轮对话后显存就会溢出")
+    assert "14B parameters × 0.5 bytes" in str(t.ledger.to_dict())
+
+
+@pytest.mark.parametrize("text, host", [
+    # hiyouga/EasyR1#50 (held-out-9): which memory grows, the report does not say
+    ("When I train geometry3k using run_qwen2_5_vl_7b_geo. I encountered an issue where memory usage is growing "
+     "slowly. I guess there is a memory leakage.", True),
+    ("vllm serve x: GPU memory usage keeps growing over time", False),  # the device's, named
+    # vllm-project/production-stack#782 (held-out-9): a pod Kubernetes restarts, no error shown
+    ("bug: vLLM Router CrashLoopBack error on deployment\nThe router pod goes into crashLoopBack on deployment.", True),
+    ("deepseek-r1-distill-llama-8b-5cc594fd46-hg5rw   0/1     CrashLoopBackOff   5 (2m30s ago)   13m\n" + OOM.format(
+        held="78.00"), False)])  # torch's line: the device's memory
+def test_where_the_report_does_not_say_which_memory_ran_out_the_hosts_memory_decides_first(text, host):
+    t = triage(text)
+    assert (t.deciding[:1] == ("host memory",)) is host, t.deciding
+
+
+@pytest.mark.parametrize("text, model", [
+    ("MiniCPM-o 2.6 | GPU | 18 GB", "MiniCPM-o 2.6"),  # OpenBMB/MiniCPM-V#919 (held-out-9): a version after a blank
+    ("I run Aria 2 GPUs with vllm", None)])  # a device count is no version
+def test_a_family_named_in_prose_takes_a_version_after_a_blank(text, model):
+    found = [f.value for f in extract(clean_lines(text)).all("model_mention")]
+    assert found == ([model] if model else [])
+
+
+def test_a_question_about_memory_in_use_ending_in_a_chinese_particle_is_preallocation():
+    """OpenBMB/MiniCPM-V#919 (held-out-9): "占用显存18GB" is memory used, not the device's size, and a sentence that
+    ends in 呢 asks; vLLM reserves the utilization's share whatever the model needs."""
+    text = "[vllm] - 文档写占用显存18GB，但是我实际vllm部署时候发现占用了70多GB呢\nMiniCPM-o 2.6 | GPU | 18 GB"
+    assert extract(clean_lines(text)).first("device_nominal_gb") is None
+    t = triage(text)
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "preallocated"), t.headline

@@ -201,14 +201,7 @@ MISSED_LATER = {
         "ai-dynamo-dynamo-10104.txt": "a generated deployment's max_model_len against its GPU's memory; the report is cut",
     },
     "held-out-9": {
-        "QwenLM-Qwen2.5-Omni-288.txt": "a worker's error beside a bare 'Killed' is read as the host's memory",
-        "hiyouga-EasyR1-50.txt": "'memory usage is growing' in a trainer, whose memory unnamed",
         "vllm-project-aibrix-1054.txt": "a V100-16GB named in the pod's description against an 8B model; the report is cut",
-        "vllm-project-production-stack-782.txt": "a router pod's memory limit; the report has no memory word",
-        "xorbitsai-inference-1292.txt": "memory rising after an upgrade moved the model to vLLM's backend",
-        "xorbitsai-inference-1848.txt": "a platform refusing a second model on a GPU a vLLM model holds",
-        "xorbitsai-inference-3041.txt": "a platform refusing a second model on a GPU a vLLM model holds",
-        "xorbitsai-inference-3586.txt": "a second model launched without a device index onto vLLM's GPUs",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

@@ -165,7 +165,8 @@ DECIDING = {
                  "weights and activations fill the budget; above it, the KV cache was planned and something later ran "
                  "out",
     "host memory": "the host's memory when it failed (`free -g`, the container's memory limit, `df -h /dev/shm` and "
-                   "`--shm-size`), and `dmesg | grep -i oom`: a process the kernel killed, or a full /dev/shm, is the "
+                   "`--shm-size`), and `dmesg | grep -i oom` (on Kubernetes, `kubectl describe pod`'s Last State: "
+                   "Reason OOMKilled, exit code 137): a process the kernel killed, or a full /dev/shm, is the "
                    "host's memory running out, not the device's",
     "release": "the driver's and the runtime's releases (`nvidia-smi`'s header: Driver Version and CUDA Version; or "
                "`npu-smi info` and the CANN version) beside the CUDA or CANN the torch build needs: a driver older "
@@ -228,7 +229,7 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
     if not terms and _figures_shown(ev) and not _reported(values, "gpu_memory_utilization"):
         return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
-    if terms and ev.first("launch_parser") is None:
+    if terms and ev.first("launch_parser") is None and "host memory" not in terms:  # (which memory, first)
         terms += _launch_terms(ev, values)
     return terms
 
@@ -265,7 +266,19 @@ def _runtime_terms(ev: Evidence) -> list[str]:
     said = ev.first("oom_mentioned", "not_released", "memory_growth") is not None
     if not said and ev.first("exception", "outside") is not None:
         return []  # an error that is no out-of-memory error: it decides, not the ledger
-    return ["failing allocation"] + ([] if shown else ["outside this process"])
+    which = ["host memory"] if _which_memory_unsaid(ev, said) else []
+    return which + ["failing allocation"] + ([] if shown else ["outside this process"])
+
+
+def _which_memory_unsaid(ev: Evidence, said: bool) -> bool:
+    """Whether the host's memory may be what ran out, the report not saying which memory: memory said to grow with
+    neither the device's nor the host's named ("memory usage is growing slowly"), or a container Kubernetes keeps
+    restarting with no error shown (its last state says whether its memory limit killed it)."""
+    if ev.first("device_memory_named", "host_memory_named", "oom_mentioned", "hbm_used_mb") is not None:
+        return False
+    grows = ev.all("memory_growth")
+    return (bool(grows) and not any(_DEVICE_GROWTH.search(f.text) for f in grows)
+            or not said and ev.first("restarting") is not None)
 
 
 def _listed(items: list[str]) -> str:
@@ -535,7 +548,7 @@ def _host_program(c: _Case) -> _Finding | None:
 def _another_process(c: _Case) -> _Finding | None:
     ev = c.ev
     others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
-    other, startup = ev.first("other_process"), ev.first("startup_free")
+    other, startup, occupied = ev.first("other_process"), ev.first("startup_free"), ev.first("device_occupied")
     over = c.breach is not None and c.breach.cause == "another-process"
     if others:
         held = f"{max(o.value for o in others):,} MB ({where(others[0], 100)})"
@@ -545,6 +558,8 @@ def _another_process(c: _Case) -> _Finding | None:
         held = f"more than the utilization leaves it ({c.breach.inequality})"
     elif startup is not None and c.T and startup.value < c.u * c.T:
         held = f"all but {fmt_bytes(startup.value)} free at start-up ({where(startup, 100)})"
+    elif occupied is not None:
+        held = f"the device ({where(occupied, 160)})"
     else:
         return None
     return _Finding("another-process", f"the device ran out because another process holds {held}, outside vLLM's "

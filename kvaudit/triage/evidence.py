@@ -197,8 +197,9 @@ def looks_like_report(text: str) -> bool:
 
 
 _OOM_WORDS = re.compile(r"out of memory|OutOfMemoryError|(?<![A-Za-z])OOMs?(?![A-Za-z])|Tried to allocate|显存不足|内存不足|"
-                        r"显存(?:耗尽|溢出|过小|太小|不够|爆了?|满了)|爆显存|"
-                        r"(?:not enough|insufficient) (?:(?:gpu|device|npu|cuda) memory|vram|hbm)",
+                        r"显存(?:就|会|也|都|直接|已经|又|还是){0,3}(?:耗尽|溢出|过小|太小|不够|爆了?|满了)|爆显存|"
+                        r"(?:not enough|insufficient) (?:(?:gpu|device|npu|cuda) memory|vram|hbm)|"
+                        r"(?:cannot|can't|unable to|failed to) allocate (?:(?:gpu|device|npu|cuda) memory|vram|hbm)",
                         re.IGNORECASE)
 _NCCL_CUDA_OOM = re.compile(r"Cuda failure '?out of memory'?", re.IGNORECASE)
 """NCCL's report of a CUDA call that failed for lack of device memory (``Last error: Cuda failure 'out of memory'``)."""
@@ -275,7 +276,7 @@ _DOWNLOADING = re.compile(r"Downloading Model(?: from \S+)? to directory: (?P<v>
 _SERVING = re.compile(r"vLLM (?:API )?server version \S+, serving model (?P<v>\S+)")
 _MODEL_MENTION = re.compile(r"(?<![A-Za-z0-9_/.])(?<![A-Za-z_/.-]-)(?<!parser )(?<!parser=)(?:/?(?:[\w.-]{1,80}/){1,10}(?=[\w.-]+(?![\w.-]*/)))?(?:Qwen3[ -]Next|Qwen|QwQ|Llama|Meta-Llama|"
                             r"Mixtral|DeepSeek|Kimi|gemma|gpt-oss|GLM|MiniMax|Nemotron|granite|Falcon|Jamba)[A-Za-z0-9_.-]*"
-                            r"(?:(?:-\d[\w.]*|[ ](?:\d{1,2}(?:\.\d{1,2})?|\d{1,4}(?:\.\d{1,2})?[BM]|\d{1,2}x\d{1,4}(?:\.\d)?B)|"
+                            r"(?:(?:-\d[\w.]*|[ ](?:\d{1,2}(?:\.\d{1,2})?(?![位个张卡]|[ -]?bit)|\d{1,4}(?:\.\d{1,2})?[BM]|\d{1,2}x\d{1,4}(?:\.\d)?B)|"
                             r"[ -](?:v\d[\w.]*|next|coder|vl|vision|instruct|chat|it|pro|flash))(?![A-Za-z0-9_.]))*", re.IGNORECASE)
 """A model named in prose ("test the inference of Qwen2.5-Math-7B-Instruct on one card"; a numbered heading's
 "04-GLM-4-9B-Chat", but not a name's tail, "my-qwen"). After a blank, a version ("Llama 3"), a size ("70B", "8x7B")
@@ -324,7 +325,7 @@ _SIMPLE = [
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
                                   r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda",
      (('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),)),
-    ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
+    ("device_nominal_gb", re.compile(r"(?<!占用)(?<!使用)(?<!用了)(?<!消耗)(?<!需要)(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
                                      r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|卡|VRAM(?![A-Za-z])|"
                                      r"(?:v?NPU|GPU|card)s?(?![A-Za-z])(?!\s*(?:memory|mem|usage|显存)))", re.IGNORECASE),
      lambda m: int(m["v"] or m["w"]), (('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),)),
@@ -398,7 +399,7 @@ _TP_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:TP|tp|tensor[ _-]parallel(?:[ _-]s
                        r"(?P<v>[1-9]\d{0,2})(?![\d.])")
 """A TP the reporter states ("with tensor_parallel_size=4", "TP: 8", "TP 4, model len 1000")."""
 _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption|"
-                              r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗)|(?:question|why|为什么|是否正常)"
+                              r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗|[吗呢](?=\s*(?:[。！!]|$)))|(?:question|why|为什么|是否正常)"
                               r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))|"
                               r"\b(?:why|how come)\b[^?\n]{0,80}?\b(?:consum\w*|uses?|using|takes?|taking|occup\w*|"
                               r"reserv\w*|allocat\w*)\b[^?\n]{0,40}?\bmemory\b[^?\n]{0,20}\?",
@@ -504,6 +505,19 @@ _PROSE_FACTS = [
                                 r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
                                 r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0),
      (("release", "free", "释放", "unload"),)),
+    # a container Kubernetes restarts over and over (kubelet's "CrashLoopBackOff", "Back-off restarting failed
+    # container"): why it ended, its memory limit (Reason: OOMKilled) or its own error, is in its last state
+    ("restarting", re.compile(r"crash\s?loop\s?back(?:\s?off)?|Back-off restarting failed container", re.IGNORECASE),
+     lambda m: m.group(0), (("crashloop", "crash loop", "back-off restarting"),)),
+    # a device another model or process already holds, as a platform refuses a second model on it ("GPU index 0 has
+    # been occupied with a vLLM model: ..., therefore cannot allocate GPU memory for a new model": Xinference) or as
+    # the reporter says it ("the GPU is already used by another process", "显卡被其他进程占用")
+    ("device_occupied", re.compile(r"\b(?:GPU|NPU|device|card)s?\b[^.\n]{0,40}?\b(?:has|have|is|are|was|were|been|\s)*"
+                                   r"(?:already\s+)?(?:occupied|taken|held|in use|used)\s+(?:by|with)\s+(?:a |an |another |"
+                                   r"other |the )?(?:vLLM |other |different |second )?(?:model|process|instance|service|"
+                                   r"program|engine|job|container|LLM)|(?:显存|显卡|卡|GPU|NPU)[^。，,\n]{0,10}?被[^。，,\n]{0,10}?"
+                                   r"(?:进程|模型|服务|程序|容器)[^。，,\n]{0,4}?占用", re.IGNORECASE), lambda m: m.group(0),
+     (("occupied", "taken", "held", "in use", "used", "占用"),)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
                                     r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True,
      (("cuda_visible_devices",),)),
@@ -533,9 +547,11 @@ _FAMILIES = tuple(f for f in json.loads((Path(__file__).with_name("model_familie
                   if not any(f.startswith(w) for w in _MODEL_WORDS))
 """The model families of vLLM's own registry (``scripts/model_families.py``) beside those ``_MODEL_MENTION`` names."""
 _FAMILY_MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(?:" + "|".join(sorted(_FAMILIES, key=len, reverse=True))
-                             + r")(?=[\w.-]*\d)[\w.-]*", re.IGNORECASE)
+                             + r")(?:(?=[\w.-]*\d)[\w.-]*|[\w.-]*[ ]v?\d{1,2}(?:\.\d{1,2})?(?![\w.]|\s*(?:[xX×*]|GPU|NPU|"
+                               r"card|G\b|GB|GiB|%|位|个|张|卡)))", re.IGNORECASE)
 """A model of one of vLLM's families named in prose, with a digit in the name ("whisper-large-v3-turbo",
-"opt-125m"): the family alone ("Aria", "solar") is a word."""
+"opt-125m") or a version after a blank ("MiniCPM-o 2.6", not "Aria 2 GPUs"): the family alone ("Aria", "solar") is a
+word."""
 _WORDS = tuple(sorted({w for words in (_NOMINAL_WORDS, _MODEL_WORDS, _FAMILIES) for w in words} |
                      {w for *_, groups in _SIMPLE + _PROSE_FACTS for words in groups for w in words}))
 def _nominal_gb(m: re.Match) -> int | None:
@@ -746,7 +762,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             if oom.total:
                 ev.add("device_memory", oom.total, n, line)
         elif ("oom" in low or "out of memory" in low or "outofmemory" in low or "tried to allocate" in low
-              or "显存" in line or "内存" in line or "not enough" in low or "insufficient" in low) and _OOM_WORDS.search(line):
+              or "显存" in line or "内存" in line or "not enough" in low or "insufficient" in low
+              or "allocate " in low) and _OOM_WORDS.search(line):
             ev.add("oom_mentioned", True, n, line)
             if "cuda failure" in low and _NCCL_CUDA_OOM.search(line):
                 ev.add("collective_saw_oom", True, n, line)  # NCCL reporting the device out of memory: the device's
@@ -987,8 +1004,10 @@ _MML_PROSE = re.compile(r"(?<![A-Za-z0-9_-])(?:--max[_-]model[_-]len[ \t]+(?:is[
                         r"[ \t]*(?:(?:is[ \t]+)?set[ \t]+)?(?:=|:|：|to|is|of|at|为|设置为|设为)?[ \t]*)"
                         r"(?P<v>[1-9]\d{2,7})(?![\d.])", re.IGNORECASE)
 """A max model length the reporter states ("max_model_len=16000", "max model len to 32768")."""
-_WEIGHT_BITS = re.compile(r"(?<![A-Za-z0-9])[wW](?P<v>4|8)[aA](?:4|8|16)(?![0-9])")
-"""The weights' bits in the quantization schemes written wXaY ("w4a8", "W8A8"): vllm-ascend's and compressed-tensors'."""
+_WEIGHT_BITS = re.compile(r"(?<![A-Za-z0-9])[wW](?P<v>4|8)[aA](?:4|8|16)(?![0-9])|"
+                          r"(?<![\w.])(?P<b>4|8)\s*(?:位|-?\s?bits?)\s*(?:的)?\s*(?:量化|quantiz)", re.IGNORECASE)
+"""The weights' bits in the quantization schemes written wXaY ("w4a8", "W8A8"): vllm-ascend's and compressed-tensors';
+and in a sentence ("4位量化模型", "an 8-bit quantized model")."""
 _HOST_NAMED = re.compile(r"\b(?:RAM|RSS|host|CPU memory|system memory)\b|(?<!显)内存|主机", re.IGNORECASE)
 """A sentence about the host's memory, not the device's ("内存" without "显": RAM)."""
 _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...] = (
@@ -1006,7 +1025,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
         "request", "input", "prompt", "concurren", "stress test", "load test", "benchmark", "long ", "serving",
         "inference", "压测", "并发", "请求", "推理", "长文本"))),
     ("capture_oom", _CAPTURE_OOM, (("captur",), ("memory", "oom", "显存"))),
-    ("weight_bits", _WEIGHT_BITS, (("w4a", "w8a"),)),
+    ("weight_bits", _WEIGHT_BITS, (("w4a", "w8a", "位量化", "位的量化", "bit quant", "bits quant", "bit 量化"),)),
 )
 """The facts of the reporter's sentences, each pattern with the words its lines must hold first (lower-cased): groups
 of alternatives, every group met, as ``_RULES``'s."""
@@ -1030,7 +1049,8 @@ def _prose(ev: Evidence, lines: list[str], prose: set[int], where: Where) -> Non
             if key == "memory_growth" and _HOST_NAMED.search(lines[n - 1]) and "显存" not in lines[n - 1]:
                 continue  # the host's memory growing ("内存（RAM）", "RSS"): kvaudit.triage.failures says so
             if m := rx.search(lines[n - 1]):
-                found.append((n, key, int(m["v"]) if key in ("tp_prose", "mml_prose", "weight_bits") else float(m["v"])
+                found.append((n, key, int(m["v"] or m["b"]) if key == "weight_bits" else int(m["v"])
+                              if key in ("tp_prose", "mml_prose") else float(m["v"])
                               if key == "util_prose" else m.group(0) if key == "model_mention" else True))
     for n in sorted(where.any_of(("`",)) & prose):  # a Hub id quoted as code in a sentence: "I serve `org/name`"
         for m in _TICKED.finditer(lines[n - 1]):

@@ -123,15 +123,27 @@ ACTIONS = {
 _EVERY_WORD = Words(w for _, _, words, _ in WORDINGS for w in words)
 
 
+_OWN_KILL = "fatal signal from worker processes"
+"""vLLM's own shutdown when a worker raised: the engine client logs "Got fatal signal from worker processes, shutting
+down. See stack trace above for root cause issue." and kills its own process tree (``kill_process_tree``, SIGKILL:
+vllm/v1/engine/core_client.py), so the shell's "Killed" after it is vLLM's, the worker's error the cause."""
+_SHELL_KILLED = re.compile(r"^\s*(?:\S+:\s*)?Killed\s*$")
+
+
 def failures(lines: list[str], where: Where | None = None) -> list[tuple[str, str, int]]:
-    """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line). ``where``: the lines each
-    word is on (``kvaudit.triage.lines.lines_holding``), where the caller has them already."""
+    """Every line whose error is one of ``WORDINGS``: (kind, what prints it, 1-based line), but the shell's "Killed"
+    after vLLM killed itself (``_OWN_KILL``). ``where``: the lines each word is on
+    (``kvaudit.triage.lines.lines_holding``), where the caller has them already."""
     if where is None:
         where = lines_holding([line.lower() for line in lines], _EVERY_WORD)
     holding = [where.any_of(words) for _, _, words, _ in WORDINGS]
+    own_kill = next((n for n, line in enumerate(lines, 1) if _OWN_KILL in line), None) \
+        if where.any_of(("killed",)) else None
     out: list[tuple[str, str, int]] = []
     for n in sorted(set().union(*holding)):
         line = lines[n - 1]
+        if own_kill is not None and n > own_kill and _SHELL_KILLED.match(line):
+            continue
         for (kind, what, _, rx), lines_of in zip(WORDINGS, holding):
             if n in lines_of and rx.search(line):
                 out.append((kind, what, n))
