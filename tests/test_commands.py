@@ -304,6 +304,15 @@ def test_ray_and_shared_memory(line, kind):
     assert [k for k, _, _ in failures([line])] == [kind]
 
 
+@pytest.mark.parametrize("path, n, kind", [
+    ("held-out-2/vllm-ascend-168.txt", 75, DRIVER),  # torch_npu's SetDevice, runtime code 107001: an invalid device id
+    ("held-out-4/vllm-ascend-6676.txt", 4, DRIVER),  # a CANN operator package built for another chip
+])
+def test_the_ascend_runtimes_own_errors_are_the_runtime(path, n, kind):
+    assert [k for k, _, _ in failures([_line(path, n)])] == [kind]
+    assert failures(["RuntimeError: NPU function error: aclrtMalloc, error code is 207001"]) == []  # memory's code
+
+
 def _line(path: str, n: int) -> str:
     return (ROOT / "fixtures" / "reports" / path).read_text().splitlines()[n - 1]
 

@@ -157,7 +157,6 @@ MISSED_LATER = {
         "vllm-4369.txt": "'model weights took 13.37' in prose, an MoE's active size in its name",
         "vllm-5993.txt": "CUDA_VISIBLE_DEVICES set after import is read as the cause",
         "vllm-759.txt": "host RAM while loading, asked as a question",
-        "vllm-ascend-168.txt": "an ACL invalid-device error is read as not memory, the thread says the runtime",
     },
     "held-out-3": {
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
@@ -170,7 +169,6 @@ MISSED_LATER = {
         "vllm-14450.txt": "LoRA memory left out of vLLM's sizing fits no verdict triage gives",
         "vllm-18446.txt": "V1's larger CUDA graphs named only as 'works on V0'",
         "vllm-ascend-4026.txt": "EL0004 'Failed to allocate memory' where the thread says 310P is unsupported",
-        "vllm-ascend-6676.txt": "a CANN SoC mismatch is not named as the driver",
         "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",
         "zai-org-GLM-4-149.txt": "1M tokens of max model len stated in prose against a 40 GB card",
         "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",

@@ -86,11 +86,17 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
                 r"(?:fp8|bf16|bfloat16|sm_?\d{2})\b", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
     # times out", error 507014 / 507015; the driver out of streams while ACL graphs are captured: "Alloc sq cq fail",
-    # "driver error:resource alloc fail")
-    (DRIVER, "the Ascend runtime", ("aicore", "5070", "rtstreamsynchronize", "driver error", "alloc sq cq"), re.compile(
+    # "driver error:resource alloc fail"); torch_npu's "NPU function error: c10_npu::SetDevice(device_id_), error code
+    # is 107001" with a runtime code that is no memory's (CANN's rt_error_codes.h: 1xxxxx a call's parameter, as
+    # 107001 an invalid device id; 5xxxxx the runtime's own; 207001 is a failed allocation, the device's memory); a
+    # CANN operator package built for another chip ("the socversion Ascend910B1 of bin package does not match the
+    # current device socverison Ascend310P3")
+    (DRIVER, "the Ascend runtime", ("aicore", "5070", "rtstreamsynchronize", "driver error", "alloc sq cq",
+                                    "npu function error", "socver"), re.compile(
         r"aicore (?:execution )?time(?:s)? ?out|\[aicore timeout\]|Aicore kernel execute failed|"
         r"runtime result = 5070\d\d|rtStreamSynchronize execute failed|driver error:\s*resource alloc fail|"
-        r"Alloc sq cq fail", re.IGNORECASE)),
+        r"Alloc sq cq fail|NPU function error: .{1,120}?, error code is [15]\d{5}\b|"
+        r"socversion \S+ of bin package does not match the current device", re.IGNORECASE)),
 )
 """Each kind of failure outside the plan, what prints it, words one of which its lines hold (lower-cased: a
 substring test first, as most log lines hold none), and its wording."""
