@@ -144,7 +144,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
-                        "held-out-8", "held-out-9")}
+                        "held-out-8", "held-out-9", "held-out-10")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -200,6 +200,15 @@ MISSED_LATER = {
     },
     "held-out-9": {
         "vllm-project-aibrix-1054.txt": "a V100-16GB named in the pod's description against an 8B model; the report is cut",
+    },
+    "held-out-10": {
+        "EleutherAI-lm-evaluation-harness-1804.txt": "a 65B model's weights on one 80G GPU, by a harness's HF backend",
+        "jianshu-6589622965e1.txt": "a second instance at 0.20 beside the first: another process, read as no room",
+        "qevos-2026-05-19-qwen3-6-27b-fp8-4090-48gb-context-experiment.txt": "a write-up's table of KV needed and held",
+        "velog-js03210-vllm-max-model-len-gpu-memory-utilization.txt": "a max-model-len the KV budget cannot hold, "
+                                                                        "read as no room",
+        "vllm-12930.txt": "online FP8 quantization loads the weights in 16 bits first, stated in prose",
+        "vllm-ascend-3454.txt": "an attention mask built in host memory per card at 256k, stated in prose",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
