@@ -533,3 +533,58 @@ def test_a_question_about_memory_in_use_ending_in_a_chinese_particle_is_prealloc
     assert extract(clean_lines(text)).first("device_nominal_gb") is None
     t = triage(text)
     assert (t.verdict, t.cause) == (MATCHES_PLAN, "preallocated"), t.headline
+
+
+_REFUSALS = ("🚫 ValueError: No available memory for the cache blocks.\n"  # (velog.io/@js03210, held-out-10, verbatim)
+             "🚫 KV cache is needed, which is larger than the available KV cache memory.\n")
+
+
+def test_a_run_of_vllms_refusal_quoted_alone_is_that_refusal_and_two_that_exclude_each_other_leave_the_kv_budget():
+    """vLLM's "To serve at least one request ..." quoted by one literal run between its figures still marks it; beside
+    "No available memory for the cache blocks" (a KV budget at or below zero, where the other needs one above), the
+    KV budget and what one request needs decide which ran."""
+    from kvaudit.triage.loglines import retyped
+
+    assert retyped("KV cache is needed, which is larger than the available KV cache memory.") == [
+        ("kv_capacity_error", "To serve at least one request with the models's max seq len")]
+    assert retyped("the KV cache memory is larger than expected") == []
+    t = triage("vllm serve /models/x --gpu-memory-utilization 0.6 --max-model-len 40960\n" + _REFUSALS)
+    assert (t.cause, t.deciding) == ("unknown", ("KV budget", "KV for one request")), t.headline
+    assert triage("vllm serve /models/x\n" + _REFUSALS.splitlines()[0]).cause == "no-room-for-kv-cache"
+
+
+def test_vllms_refusal_retold_with_its_two_figures_is_the_budget_short_of_one_request():
+    """qevos.com's 27B-on-a-4090 write-up (held-out-10): "KV cache OOM (need 8.33 GiB, only 8.29 GiB)"."""
+    t = triage("--gpu-memory-utilization 0.85\n| 262,144 | ❌ | — | KV cache OOM (need 8.33 GiB, only 8.29 GiB) |")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "budget-too-small-for-max-model-len"), t.headline
+    assert t.inequality == "KV for one request 8.33 GiB (line 2) > KV budget 8.29 GiB (line 2)"
+
+
+_TWO_INSTANCES = (  # a jianshu.com write-up (held-out-10), verbatim but the utilization, set per case
+    " 默认情况下,GPU的存储将被用满(预先给KV Cache预留,默认配置--gpu-memory-utilization 0.95);\n"
+    "以相同的参数配置运行两个7B模型,第二个实例报错分配的cache内存不足,错误信息如下:\n"
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+    "the engine.\n"
+    "docker run -d --network host --privileged --gpus=all --name=vllm_qwen7B_01 --ipc=host\n"
+    "-e PORT=6003 -e MODEL_NAME=DeepSeek-R1-Distill-Qwen-7B\n"
+    "-e VLLM_FLASH_ATTN_VERSION=2 -e TP=4\n"
+    '-e CMD_ARGS="--gpu-memory-utilization {u}"\n'
+    "| GPU | 4 * H20 (4 * 98G) |\n")
+
+
+@pytest.mark.parametrize("u, cause", [(0.2, "another-process"), (0.05, "no-room-for-kv-cache")])
+def test_no_room_beside_another_instance_whose_weights_fill_under_half_the_budget_is_the_other_instance(u, cause):
+    """A second instance on the same devices that found no room for its KV cache, though a 7B model's weights over TP
+    4 fill under half of 0.2 × 96 GB: vLLM's profile counted the other instance's memory. At 0.05 the weights fill
+    most of it: no room of its own. The utilization is docker's ``-e CMD_ARGS="..."``, not the default a sentence
+    names."""
+    t = triage(_TWO_INSTANCES.format(u=u))
+    assert t.deployment["gpu_memory_utilization"].value == u
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, cause), t.headline
+
+
+def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
+    """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
+    host, and nothing of the device's."""
+    t = triage("[Bug]: 一行代码开1T cpu内存\n上下文256k时，8卡单实例，attn mask一行代码开了1T. Cpu内存，超出atlas主机硬件限制")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "host-memory"), t.headline

@@ -203,12 +203,7 @@ MISSED_LATER = {
     },
     "held-out-10": {
         "EleutherAI-lm-evaluation-harness-1804.txt": "a 65B model's weights on one 80G GPU, by a harness's HF backend",
-        "jianshu-6589622965e1.txt": "a second instance at 0.20 beside the first: another process, read as no room",
-        "qevos-2026-05-19-qwen3-6-27b-fp8-4090-48gb-context-experiment.txt": "a write-up's table of KV needed and held",
-        "velog-js03210-vllm-max-model-len-gpu-memory-utilization.txt": "a max-model-len the KV budget cannot hold, "
-                                                                        "read as no room",
         "vllm-12930.txt": "online FP8 quantization loads the weights in 16 bits first, stated in prose",
-        "vllm-ascend-3454.txt": "an attention mask built in host memory per card at 256k, stated in prose",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

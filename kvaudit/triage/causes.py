@@ -162,8 +162,9 @@ DECIDING = {
                           "fewer tokens than one request of max_model_len is the cause, and a smaller `--max-model-len` "
                           "the fix",
     "KV budget": "the start-up log's \"Available KV cache memory: X GiB\" (or \"# GPU blocks\"): at or below zero, the "
-                 "weights and activations fill the budget; above it, the KV cache was planned and something later ran "
-                 "out",
+                 "weights and activations fill the budget (\"No available memory for the cache blocks\"); above it, "
+                 "the KV cache was planned, and either one request of max_model_len does not fit it or something later "
+                 "ran out",
     "host memory": "the host's memory when it failed (`free -g`, the container's memory limit, `df -h /dev/shm` and "
                    "`--shm-size`), and `dmesg | grep -i oom` (on Kubernetes, `kubectl describe pod`'s Last State: "
                    "Reason OOMKilled, exit code 137): a process the kernel killed, or a full /dev/shm, is the "
@@ -218,8 +219,11 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     held outside and nothing breaks, the utilization decides if the report does not state it; where this process held
     more than vLLM's budget, the failing allocation's traceback and the weights decide which budgeted term grew; where
     the report shows no launch, the terms its settings decide (``_launch_terms``)."""
-    if ev.first("kv_capacity_error") is not None or any(f.value <= 0 for f in ev.all("available_kv")):
+    if any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
+    if ev.first("kv_capacity_error") is not None:  # (one refusal decides; two that exclude each other, the budget)
+        return (["KV budget", "KV for one request"] if refusals_disagree(ev) and ev.first("available_kv") is None
+                else [])
     u = values.get("gpu_memory_utilization")
     over = report_breach(ev, values, phase_of(ev)) if u is not None and u.value else None
     if over is not None and over.cause == "over-budget":
@@ -363,6 +367,20 @@ class _Case:
                 or self.capacity is not None and "No available memory" in self.capacity.text)
 
     @property
+    def refusals_disagree(self) -> bool:
+        return self.A is None and refusals_disagree(self.ev)
+
+    @property
+    def room_counted_elsewhere(self) -> Fact | None:
+        """Another instance of the engine named on the same devices where vLLM found no room for the KV cache though
+        the weights fill less than half of the budget: the instance's profile counted the other's memory."""
+        second = self.ev.first("second_instance")
+        if (second is None or not self.no_room or self.refusals_disagree or self.weights is None or not self.T
+                or self.weights[0] >= 0.5 * self.u * self.T):
+            return None
+        return second
+
+    @property
     def stated_u(self) -> bool:
         return _reported(self.values, "gpu_memory_utilization")
 
@@ -398,8 +416,20 @@ def _mamba_states(c: _Case) -> _Finding | None:
         "`--gpu-memory-utilization`, a larger TP)."])
 
 
+def refusals_disagree(ev: Evidence) -> bool:
+    """Whether the report quotes both of vLLM's refusals of the KV cache, which exclude each other: "No available
+    memory for the cache blocks" where the KV budget is not positive, "To serve at least one request with the model's
+    max seq len ..." (V0: "... larger than the maximum number of tokens that can be stored in KV cache") where it is
+    positive but short of one request (vllm/v1/core/kv_cache_utils.py): the KV budget's sign decides which ran."""
+    kinds = {"No available memory" in str(f.value) for f in ev.all("kv_capacity_error")}
+    return kinds == {True, False}
+
+
 def _no_room(c: _Case) -> _Finding | None:
-    if not c.no_room or (release_changes(c.ev) and release_pair(c.ev)):
+    if not c.no_room or c.refusals_disagree or (release_changes(c.ev) and release_pair(c.ev)):
+        return None
+    if c.room_counted_elsewhere is not None:
+        return None  # (another instance's memory was counted in this one's profile: ``_another_process``)
         return None
     cause, T, u, A, weights = "no-room-for-kv-cache", c.T, c.u, c.A, c.weights
     share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
@@ -421,7 +451,8 @@ def _no_room(c: _Case) -> _Finding | None:
 
 
 def _short_of_one_request(c: _Case) -> _Finding | None:
-    if c.capacity is None or c.no_room:
+    retold = c.breach is not None and c.breach.cause == "budget-too-small-for-max-model-len"  # (its figures, retold)
+    if c.capacity is None and not retold or c.no_room or c.refusals_disagree:
         return None
     ev, cause = c.ev, "budget-too-small-for-max-model-len"
     est = ev.first("estimated_max_model_len")
@@ -549,6 +580,7 @@ def _another_process(c: _Case) -> _Finding | None:
     ev = c.ev
     others = [f for f in ev.all("device_process_mb") if "vllm" not in f.text.lower()]
     other, startup, occupied = ev.first("other_process"), ev.first("startup_free"), ev.first("device_occupied")
+    second = c.room_counted_elsewhere
     over = c.breach is not None and c.breach.cause == "another-process"
     if others:
         held = f"{max(o.value for o in others):,} MB ({where(others[0], 100)})"
@@ -560,6 +592,12 @@ def _another_process(c: _Case) -> _Finding | None:
         held = f"all but {fmt_bytes(startup.value)} free at start-up ({where(startup, 100)})"
     elif occupied is not None:
         held = f"the device ({where(occupied, 160)})"
+    elif second is not None:
+        held = (f"its share of the devices, as another instance of the engine on them ({where(second, 160)}): the "
+                f"weights ({fmt_bytes(c.weights[0])} per rank) fill less than half of this instance's budget "
+                f"({c.u} × {fmt_bytes(c.T)}), yet vLLM found no room for the KV cache, so its profile counted memory "
+                "that is not its own (vLLM measures the device's memory in use as it profiles, another instance's "
+                "included where that one is starting or growing meanwhile)")
     else:
         return None
     return _Finding("another-process", f"the device ran out because another process holds {held}, outside vLLM's "

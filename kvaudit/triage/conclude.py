@@ -704,8 +704,10 @@ def _device_ran_out(ev: Evidence) -> bool:
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 
-_USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow", re.IGNORECASE)
-"""A line that says how much of a memory is used, or that it grows ("宿主机RAM占用过高"), not a spec sheet's size."""
+_USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow|allocat|exceed|分配|申请|超出|超过|开了?\s*\d",
+                  re.IGNORECASE)
+"""A line that says how much of a memory is used or taken, or that it grows ("宿主机RAM占用过高", "一行代码开1T cpu内存"),
+not a spec sheet's size."""
 
 
 def _host_only(ev: Evidence, u: float) -> Fact | None:

@@ -260,7 +260,7 @@ _FLAGS_LINE = re.compile(rf"^\s*(?P<rest>(?:--[a-z][\w-]*|-(?:{'|'.join(BARE_ALI
 where a terminal wrapped a launch before the parser's short alias)."""
 _WORD_REFUSED = re.compile(r"invalid (?:\w+ value|choice): '[A-Za-z]+'")
 """argparse refusing a word of prose as a flag's value (``invalid human_readable_int_or_auto value: 'set'``)."""
-_ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+)?[A-Z][A-Z0-9_]*ARGS\s*[=:]\s*(?P<rest>["']?\s*--[a-z].*)$""")
+_ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+|(?:-e|--env)\s+)?[A-Z][A-Z0-9_]*ARGS\s*[=:]\s*(?P<rest>["']?\s*--[a-z].*)$""")
 """An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
 ``- VLLM_ARGS=...``)."""
 _LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
@@ -469,6 +469,12 @@ _RISING = re.compile(rf"(?:显存|memory|VRAM|HBM)[^\n]{{0,60}}?{_FIGURE}[^\n]{{
 """The device's memory stated at a figure, then, after a time, at another."""
 
 
+_KV_SHORT = re.compile(r"\bKV[ -]?cache\b[^|\n]{0,40}?\bneed(?:s|ed)?\s+(?:about\s+|~)?(?P<need>\d{1,4}(?:\.\d{1,3})?)\s*GiB"
+                       r"[^|\n]{0,30}?\b(?:only|but|available|have|has)\s+(?:only\s+)?(?P<have>\d{1,4}(?:\.\d{1,3})?)\s*"
+                       r"GiB", re.IGNORECASE)
+"""The KV one request needs and the KV budget, as a sentence retells vLLM's refusal (GiB, as vLLM prints them)."""
+
+
 def _rising(m: re.Match) -> str | None:
     """The sentence of ``_RISING`` where its second figure is the larger (memory that grew), else ``None``."""
     a, b = (float(m[i]) * (1024 if m[i + 1].upper().startswith("G") else 1) for i in (1, 3))
@@ -505,6 +511,14 @@ _PROSE_FACTS = [
                                 r"(?:model|llm|engine)|unload (?:the |a )?(?:model|llm)[^.\n]{0,60}?(?:does nothing|doesn't|does not|"
                                 r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0),
      (("release", "free", "释放", "unload"),)),
+    # a second instance of the engine on the same devices, said in prose ("the second instance fails", "以相同的参数配置
+    # 运行两个7B模型，第二个实例报错", "two vLLM servers on one GPU"): the first one's memory is outside the second's budget
+    ("second_instance", re.compile(r"\b(?:second|2nd|another|other) (?:vllm |vLLM )?(?:instance|engine|server|container|"
+                                   r"replica|deployment)s?\b|\b(?:two|2|multiple|several) (?:vllm |identical |same )?"
+                                   r"(?:instances|engines|servers|containers|replicas)\b|第二个(?:实例|服务|容器|进程)|"
+                                   r"(?:两|2|多)个[^，。,\n]{0,10}?(?:实例|服务|容器)", re.IGNORECASE),
+     lambda m: m.group(0), (("second", "2nd", "another", "other", "two", "2 ", "multiple", "several", "第二个", "两个",
+                             "2个", "多个"),)),
     # a container Kubernetes restarts over and over (kubelet's "CrashLoopBackOff", "Back-off restarting failed
     # container"): why it ended, its memory limit (Reason: OOMKilled) or its own error, is in its last state
     ("restarting", re.compile(r"crash\s?loop\s?back(?:\s?off)?|Back-off restarting failed container", re.IGNORECASE),
@@ -533,6 +547,10 @@ _PROSE_FACTS = [
                            r"roughly\s+|~\s*)?(?P<v>\d{1,4}(?:\.\d{1,4})?)\s*(?:GiB|GB|G)\b", re.IGNORECASE), _gib,
      (("weight",), ("take", "took", "use", "occup", "consum"))),
     ("failure_said", re.compile(_FAILS, re.IGNORECASE), lambda m: m.group(0), (_FAILING,)),
+    # vLLM's refusal of one request of max_model_len as people retell it ("KV cache OOM (need 8.33 GiB, only 8.29
+    # GiB)", "the KV cache needs 4.38 GiB but only 4.00 GiB is available"): its two figures, in GiB
+    ("kv_needed", _KV_SHORT, lambda m: round(float(m["need"]) * GiB), (("kv",), ("need",))),
+    ("available_kv", _KV_SHORT, lambda m: round(float(m["have"]) * GiB), (("kv",), ("need",))),
     # device memory measured rising over time: a figure, a time, a larger figure ("一段时间内显存占用固定为14G ... 1个多小时之后
     # 显存占用变成了18G，2个小时后占用变成了20G", "memory was 30 GB, after 2 hours it is 38 GB")
     ("memory_growth", _RISING, _rising, (("显存", "memory", "vram", "hbm"), ("小时", "分钟", "hour", "minute", "day", "天"))),

@@ -402,26 +402,40 @@ def _literal_words(entry: dict) -> frozenset[str]:
     return frozenset(_WORD.findall(" ".join(p for p in pieces(entry) if isinstance(p, str)).lower()))
 
 
-_MARKED = [(c, words) for c in _COMPILED if c.marks and len(words := _literal_words(c.entry)) >= 8]
-"""The messages that mark a fact, each with its literal words (8 or more: a shorter one is a phrase)."""
-_MARKED_WORDS = frozenset().union(*(words for _, words in _MARKED))
-_FEWEST = min(0.8 * len(words) for _, words in _MARKED)
-"""Every word of those messages, and the fewest of them a line that retypes one holds."""
+def _literal_runs(entry: dict) -> tuple[str, ...]:
+    """The literal runs of a format between its placeholders that hold 8 words or more (3 letters or more, lower-cased,
+    joined by one blank)."""
+    return tuple(" ".join(w) for p in pieces(entry) if isinstance(p, str) and len(w := _WORD.findall(p.lower())) >= 8)
+
+
+_MARKED = [(c, words, _literal_runs(c.entry)) for c in _COMPILED if c.marks
+           and len(words := _literal_words(c.entry)) >= 8]
+"""The messages that mark a fact, each with its literal words (8 or more: a shorter one is a phrase) and its long
+literal runs."""
+_MARKED_WORDS = frozenset().union(*(words for _, words, _ in _MARKED))
+_FEWEST = min(min(0.8 * len(words) for _, words, _ in _MARKED),
+              min(len(set(run.split())) for _, _, runs in _MARKED for run in runs))
+"""Every word of those messages, and the fewest of them a line that retypes one (four in five) or quotes a run of one
+(a run's distinct words) holds."""
 
 
 def retyped(line: str) -> list[tuple[str, Any]]:
     """The marks of a message that marks a fact (vLLM's refusals: ``kv_capacity_error``, ...) where the line holds
     four in five of its words but no format matches it: the message retyped by hand, with a typo or without its
     figures ("the model's max seq len (32768) is larger than the maxinum number of tokens that can be stored in KV
-    cache"), or cut from the log's prefix. Only messages of 8 words or more: a short one is a phrase, not a message."""
+    cache"), or cut from the log's prefix; or one literal run of it between two figures, whole ("KV cache is needed,
+    which is larger than the available KV cache memory": the message quoted in part). Only messages and runs of 8
+    words or more: a short one is a phrase, not a message."""
     low = line.lower()
     if "cache" not in low and "memory" not in low:
         return []
-    words = _MARKED_WORDS.intersection(_WORD.findall(low))
+    found = _WORD.findall(low)
+    words = _MARKED_WORDS.intersection(found)
     if len(words) < _FEWEST:
         return []
     out: list[tuple[str, Any]] = []
-    for c, literal in _MARKED:
-        if len(literal & words) >= 0.8 * len(literal):
+    said = " " + " ".join(found) + " "
+    for c, literal, runs in _MARKED:
+        if len(literal & words) >= 0.8 * len(literal) or any(f" {run} " in said for run in runs):
             out += [m for m in c.marks if m not in out]
     return out
