@@ -207,10 +207,7 @@ MISSED_LATER = {
     },
     "held-out-11": {
         "EleutherAI-lm-evaluation-harness-1211.txt": "a release change the reporter found by downgrading, no release named",
-        "EuroEval-EuroEval-171.txt": "memory a benchmark harness did not free between models, read as serving",
-        "EuroEval-EuroEval-413.txt": "ray.shutdown() freeing one GPU of several, stated in prose",
         "allenai-open-instruct-163.txt": "memory the log leaves unaccounted for; the thread asks, triage concludes",
-        "vllm-17939.txt": "the sampler's warm-up out of memory at a utilization of 1, the launch cut from the report",
         "vllm-ascend-14274.txt": "vllm-ascend's 310P budget subtracting another process's memory twice",
     },
 }

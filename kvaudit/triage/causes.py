@@ -519,10 +519,10 @@ def _device_selection(c: _Case) -> _Finding | None:
 
 
 def _second_engine(c: _Case) -> _Finding | None:
-    second = c.ev.first("second_engine")
+    second = c.ev.first("second_engine", "next_model")
     if second is None:
         return None
-    return _Finding("another-process", f"the paste starts a second engine in the same process ({where(second, 100)}): "
+    return _Finding("another-process", f"a second engine starts in the same process ({where(second, 100)}): "
                     "the first engine's weights and KV cache are still held (a new `LLM` does not free the old one), "
                     "outside the new engine's profile.", [
                         "Free the first engine before the second (`del llm`, `gc.collect()`, `torch.cuda.empty_cache()`, "
@@ -652,6 +652,16 @@ def _serving(c: _Case) -> _Finding | None:
         "`--max-num-seqs`; very long prompts need chunked prefill."])
 
 
+def _warm_up(c: _Case) -> _Finding | None:
+    if c.phase != "warm-up" or not c.stated_u or c.u < 0.95:
+        return None  # (below 0.95, the warm-up's batch or the utilization: the launch decides, ``deciding_terms``)
+    cause = _PHASE_CAUSE["warm-up"]
+    return _Finding(cause, f"the device ran out in {ledger.PHASE_TERMS['warm-up'][2]}, after the KV cache took "
+                    f"{c.u} of the device: {CAUSES[cause]}.", [
+                        "Lower `--gpu-memory-utilization` (0.9 leaves the warm-up its room), or `--max-num-seqs` (the "
+                        "warm-up's dummy requests)."])
+
+
 def _profiling(c: _Case) -> _Finding | None:
     if c.phase != "memory profiling":
         return None
@@ -720,7 +730,7 @@ def _utilization_too_high(c: _Case) -> _Finding:
 
 FINDINGS = (_preallocated, _mamba_states, _no_room, _short_of_one_request, _component, _release_change, _named_change,
             _device_selection, _second_engine, _not_released, _weights_over_device, _weights_over_budget,
-            _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _serving,
+            _host_program, _another_process, _device_growth, _graphs_at_a_high_utilization, _graphs, _warm_up, _serving,
             _profiling, _loading, _kv_allocation, _small_utilization, _works_lower, _over_budget, _high_utilization)
 """The causes of an allocation that matches the plan, in the order they are tried: vLLM's own refusals and the
 inequality the report's figures break first, then what the report says changed or what else holds the device, then
@@ -739,7 +749,7 @@ def cause_of(ev: Evidence, values: dict[str, Sourced], T: int | None,
     c = _Case(ev, values, T, u, oom, phase, weights_per_rank(values), budget.value if budget is not None else None,
               report_breach(ev, values, phase),
               ev.first("served", "captured", "memory_growth", "serving_oom") is not None
-              or phase in ("CUDA/ACL graph capture", "serving requests"))
+              or phase in ("CUDA/ACL graph capture", "serving requests", "warm-up"))
     found = next((f for f in (find(c) for find in FINDINGS) if f is not None), None)
     if found is None:
         terms = deciding_terms(ev, values)

@@ -407,7 +407,7 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
                              else assumed(False, "no KV connector in the report"))
     ran = ev.first("served", "captured", "kv_cache_tokens") or next(
         (f for f in ev.all("error_phase") + ev.all("oom_phase")
-         if f.value in ("CUDA/ACL graph capture", "serving requests", "kv-cache allocation")), None)
+         if f.value in ("CUDA/ACL graph capture", "serving requests", "kv-cache allocation", "warm-up")), None)
     return values, missing, _Inputs(spec, platform, release, family_of, ran)
 
 

@@ -519,6 +519,13 @@ _PROSE_FACTS = [
                                    r"(?:两|2|多)个[^，。,\n]{0,10}?(?:实例|服务|容器)", re.IGNORECASE),
      lambda m: m.group(0), (("second", "2nd", "another", "other", "two", "2 ", "multiple", "several", "第二个", "两个",
                              "2个", "多个"),)),
+    # a next model loaded after the first in the same program ("GPU OOM when switching to next generative model",
+    # "the second model fails to load after the first one finishes", "切换到下一个模型时OOM"): the first engine's memory
+    # is still held where the program does not free it (a benchmark or evaluation harness looping over models)
+    ("next_model", re.compile(r"\b(?:switch\w*|mov\w*|go\w*|chang\w*)\s+(?:on\s+)?to\s+(?:the\s+)?(?:next|second|another)"
+                              r"\s+(?:[\w-]+\s+)?model\b|\b(?:next|second)\s+(?:[\w-]+\s+)?model\b[^.\n]{0,30}?\b(?:begins|starts|"
+                              r"loads?|runs?|is (?:loaded|started|run|benchmarked|evaluated)|fails? to load)\b|切换(?:到)?(?:下一个|第二个|另一个)模型",
+                              re.IGNORECASE), lambda m: m.group(0), (("next", "second", "another", "切换"), ("model", "模型"))),
     # a container Kubernetes restarts over and over (kubelet's "CrashLoopBackOff", "Back-off restarting failed
     # container"): why it ended, its memory limit (Reason: OOMKilled) or its own error, is in its last state
     ("restarting", re.compile(r"crash\s?loop\s?back(?:\s?off)?|Back-off restarting failed container", re.IGNORECASE),
@@ -596,8 +603,13 @@ PHASES = {
     "weight loading": ("load_model", "load_weights", "initialize_model", "_initialize_model", "create_weights",
                        "weight_loader", "process_weights_after_loading"),
     "serving requests": ("execute_model", "execute_model_async", "_model_forward", "sample_tokens"),
+    "warm-up": ("compile_or_warm_up_model",),
 }
 """Traceback phases by the functions that run them, vLLM's and vllm-ascend's (V0 and V1)."""
+_SHARED_WITH_WARM_UP = frozenset(("_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run"))
+"""The dummy runs of the profile run that V1's worker runs again after the KV cache is allocated and graphs captured
+(``Worker.compile_or_warm_up_model``: "warm up sampler and preallocate memory buffer for logits"): logged after the
+capture, a traceback through one of them is that warm-up's, not the profile's."""
 
 
 @dataclass
@@ -812,8 +824,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
+    captured = [f.line for f in ev.all("captured")]
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
-        phase = _phase(frames, oom.line)
+        phase = _after_capture(_phase(frames, oom.line), frames, captured)
         if phase is not None:
             ev.add("oom_phase", phase[0], phase[1], lines[phase[1] - 1])
     for oom in ev.all("oom")[:1]:
@@ -826,7 +839,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("host_package", host[0], host[1], lines[host[1] - 1])
     if tracebacks:  # the phase of the last traceback, with or without an out-of-memory line
         last = [f for f in frames if f[0] > tracebacks[-1]]
-        phase = _phase(last, last[-1][0] + 1) if last else None
+        phase = _after_capture(_phase(last, last[-1][0] + 1), frames, captured) if last else None
         if phase is not None:
             ev.add("error_phase", phase[0], phase[1], lines[phase[1] - 1])
     return ev
@@ -1328,6 +1341,16 @@ def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tup
                 if func in funcs:
                     return phase, n
     return None
+
+
+def _after_capture(phase: tuple[str, int] | None, frames: list[tuple[int, str]],
+                   captured: list[int]) -> tuple[str, int] | None:
+    """The profile run's phase, read from a dummy run's frame (``_SHARED_WITH_WARM_UP``), is the warm-up's where graph
+    capture finished before that frame was logged."""
+    if phase is None or phase[0] != "memory profiling" or not any(line < phase[1] for line in captured):
+        return phase
+    func = next((f for n, f in frames if n == phase[1]), None)
+    return ("warm-up", phase[1]) if func in _SHARED_WITH_WARM_UP else phase
 
 
 def _smi(ev: Evidence, n: int, line: str) -> None:

@@ -59,6 +59,7 @@ PHASE_TERMS = {
     "CUDA/ACL graph capture": ("graphs", "graph-capture", "the graphs"),
     "kv-cache allocation": ("KV allocated", "budget-did-not-fit", "the KV cache"),
     "serving requests": ("peak activation", "activations-while-serving", "activations while serving"),
+    "warm-up": ("peak activation", "utilization-too-high", "the warm-up after graph capture, outside the budget"),
 }
 """The term each phase of vLLM's start-up and serving allocates (``kvaudit.triage.evidence.PHASES``), the cause
 (``kvaudit.triage.causes.CAUSES``) an allocation of that term that met too little free memory is, and its words."""
