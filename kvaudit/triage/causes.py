@@ -430,7 +430,6 @@ def _no_room(c: _Case) -> _Finding | None:
         return None
     if c.room_counted_elsewhere is not None:
         return None  # (another instance's memory was counted in this one's profile: ``_another_process``)
-        return None
     cause, T, u, A, weights = "no-room-for-kv-cache", c.T, c.u, c.A, c.weights
     share = f"{u} of {fmt_bytes(T)} is {fmt_bytes(int(u * T))}" if T else f"the utilization {u}"
     text = ((f"vLLM refused to start because {CAUSES[cause]}" if c.capacity is not None else

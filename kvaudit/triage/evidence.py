@@ -293,6 +293,7 @@ def _gib(m: re.Match) -> int:
 
 
 _DEVICE_WORDS = re.compile(r"gpu|npu|vram|显存|hbm|device|cuda|显卡", re.IGNORECASE)
+"""Words that put a memory on the device."""
 _GIB_PER = {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
 
 
@@ -300,7 +301,7 @@ def _host_gib(m: re.Match) -> float | str:
     """free's "Mem:" total in GiB where a unit follows it ("503Gi", "1.0Ti"), else the figure as printed."""
     return float(m["v"]) * _GIB_PER[m["u"][0]] if m["u"] else m["v"]
 
-"""Words that put a memory on the device."""
+
 _SIMPLE = [
     ("available_kv", re.compile(rf"Memory profiling results:.*\bkv_cache_size=(?P<v>{_NUM}) ?GiB"),
      _gib, (('memory profiling results',),)),
