@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import statistics
 import sys
 import time
@@ -31,11 +32,11 @@ REPORTS = ROOT / "fixtures" / "reports"
 ALLOCATOR = ("allocator-over-allocation", "allocator-mismatch")
 SAME = {"outside-budget": "another-process"}
 """Causes of one kind (the issue's "memory outside vLLM's budget, naming the component"), scored as one."""
-ASKED = {  # a question in ask_for, and the fact of expected.json that answers it
-    "model": ("which model",),
-    "vLLM": ("which vllm", "vllm version", "the vllm release"),
-    "vllm-ascend": ("which vllm-ascend", "vllm-ascend version", "the vllm-ascend release"),
-    "tensor parallel size": ("tensor parallel", "--tensor-parallel-size"),
+ASKED = {  # a question in ask_for, and the fact of expected.json that answers it (vLLM's words not vllm-ascend's)
+    "model": re.compile(r"which model"),
+    "vLLM": re.compile(r"(?:which vllm|vllm version|the vllm release)(?!-ascend)"),
+    "vllm-ascend": re.compile(r"which vllm-ascend|vllm-ascend version|the vllm-ascend release"),
+    "tensor parallel size": re.compile(r"tensor parallel|--tensor-parallel-size"),
 }
 
 
@@ -103,7 +104,7 @@ def score(folder: str, show: bool = False) -> dict:
             notes.append("allocator blamed")
         asks = " ".join((doc or {}).get("ask_for", [])).lower()
         for fact, words in ASKED.items():
-            if want["facts"].get(fact) is not None and any(w in asks for w in words):
+            if want["facts"].get(fact) is not None and words.search(asks):
                 totals["asked_stated"] += 1
                 notes.append(f"asked for the {fact}")
         ok = None

@@ -624,3 +624,30 @@ def test_a_dummy_run_after_graph_capture_is_v1s_warm_up_not_the_profile_run(laun
     assert ("in the warm-up after graph capture" in t.headline) is (cause == "utilization-too-high")
     if cause == "unknown":  # (the utilization stated, what the warm-up asked for against what was left decides)
         assert t.deciding[:1] == ("failing allocation",)
+
+
+def test_vllms_start_up_check_of_free_memory_is_the_device_and_another_process_holds_the_rest():
+    """ls1intum/edutelligence#570 (held-out-12): vLLM refuses to start where the device has less free than its
+    utilization's share ("Free memory on device ... on startup is less than desired GPU memory utilization"): the
+    device's memory, held by another process, not an error that is no memory error."""
+    t = triage("a `tp=2` lane for `google/gemma-3-27b-it` fails to start with:\n```\nValueError: Free memory on device "
+               "cuda:0 (79.12/94.97 GiB) on startup is less\nthan desired GPU memory utilization (0.95, 90.22 GiB).\n```")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "another-process"), t.headline
+    assert "all but 79.12 GiB free at start-up" in t.headline
+
+
+@pytest.mark.parametrize("text, count", [("[Bug]: serve Llama-3.2-11B-Vision-Instruct with 2 A10 oom", 2),
+                                         ("running on 8×H100", 8), ("8张A10", 8), ("A100 80GB", None),
+                                         ("you need 2xA100 80GB", None)])  # (a reply's suggestion: vllm#5711)
+def test_a_count_before_the_devices_name_is_the_device_count(text, count):
+    assert extract(clean_lines(text)).value("device_count") == count  # vllm-project/vllm#10034 (held-out-12)
+
+
+def test_a_vllm_release_written_as_the_wheels_name_is_read_and_the_platform_is_what_is_asked():
+    """The vLLM forum's topic 2608 (held-out-12): "Vllm-0.18.0" in the title is vLLM's release; where no platform is
+    named the question is whether it runs on a GPU or under vllm-ascend, not which vLLM runs."""
+    text = "Vllm-0.18.0 kv cache使用率从100%掉到0%\nvllm serve Qwen3.5-9B --max-num-seqs 128\n"  # (a hybrid model)
+    assert extract(clean_lines(text)).value("vllm_prose") == "0.18.0"
+    t = triage(text)
+    assert t.version_needed and not any("which vLLM" in a for a in t.ask_for), t.ask_for
+    assert t.ask_for[0].startswith("whether vLLM 0.18.0 (line 1: Vllm-0.18.0"), t.ask_for

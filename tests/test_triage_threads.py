@@ -213,8 +213,6 @@ MISSED_LATER = {
     "held-out-12": {
         "discuss-vllm-2608.txt": "requests preempted for a full KV cache, no failure; the answer asks instead",
         "discuss-vllm-357.txt": "V1's graph sizes capped by max_num_batched_tokens, read as graph capture alone",
-        "ls1intum-edutelligence-570.txt": "vLLM's start-up check of free memory against another lane's 16 GiB",
-        "vllm-10034.txt": "a vision model's profile run of max_num_seqs images, read as the weights",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

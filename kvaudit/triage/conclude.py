@@ -700,7 +700,8 @@ def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: 
 
 def _device_ran_out(ev: Evidence) -> bool:
     """Whether the report shows the device's memory running out, or vLLM refusing for lack of it."""
-    return (ev.first("oom", "kv_capacity_error", "memory_growth", "serving_oom", "collective_saw_oom") is not None
+    return (ev.first("oom", "kv_capacity_error", "startup_memory_error", "memory_growth", "serving_oom",
+                     "collective_saw_oom") is not None
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 
@@ -966,8 +967,12 @@ def _conclude(ev: Evidence, d: Deployment, values: dict[str, Sourced], inputs: _
     chosen, why = (audited[0], None) if not version_needed else _choose(ev, audited, d)
     if chosen is None:
         rows, header = _comparison(ev, d, audited, inputs)
-        ask = [f"which {'vllm-ascend' if inputs.platform == 'ascend' else 'vLLM / vllm-ascend'} release runs: "
-               "`pip show vllm-ascend vllm`, or the container image tag; the verdict depends on it ("
+        stated = values.get("vLLM")
+        which = (f"whether vLLM {stated.value} ({short(stated.source, 60)}) runs on a GPU, or under vllm-ascend on "
+                 "an NPU, and then which vllm-ascend release" if inputs.platform is None and stated is not None
+                 and stated.reported else
+                 f"which {'vllm-ascend' if inputs.platform == 'ascend' else 'vLLM / vllm-ascend'} release runs")
+        ask = [f"{which}: `pip show vllm-ascend vllm`, or the container image tag; the verdict depends on it ("
                + "; ".join(f"{c.label}: {r.ratio:.2f}×" for c, r in audited) + ")"]
         return _insufficient(ev, values, missing, evidence, "The verdict depends on the release, and the report does "
                              "not say which one runs.", ask=ask, comparison=tuple(rows), comparison_header=header,

@@ -235,7 +235,7 @@ _IMAGE_VLLM = re.compile(rf"vllm-openai:v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE
 # prose: "vllm-ascend 0.13.0", "vLLM-Ascend镜像：0.14.0rc1", "**vLLM Version**: 0.8.5", "vllm版本0.9.1"
 _GAP = r"(?:[\s:=：*()（）,，_]|version|版本|镜像|image|is|的|是|为|ver\.?)*"
 _PROSE_ASCEND = re.compile(rf"vllm[-_ ]?ascend{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
-_PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend){_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
+_PROSE_VLLM = re.compile(rf"\bvllm(?![-_ ]?ascend)(?:-(?=v?\d))?{_GAP}v?(?P<v>{_VER})(?![\w.])", re.IGNORECASE)
 _BARE_VERSION = re.compile(r"(?<![A-Za-z0-9_.])v?(?P<v>0\.[0-9]+\.[0-9]+(?:\.?rc[0-9]+)?(?:\.post[0-9]+)?)(?![A-Za-z0-9_]|\.\d)")
 """A bare release in prose or a title ("[0.2.7]", "0.18.0版本", "v0.8.4.rc2"): vLLM's and vllm-ascend's are 0.x."""
 
@@ -334,6 +334,13 @@ _SIMPLE = [
      lambda m: int(m["v"]), (('卡', 'cards', 'gpus', 'npus'),)),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
                                 r"(?P<v>[1-9]\d?)(?![\d.])", re.IGNORECASE), lambda m: int(m["v"]), (('*', '×'),)),
+    # a count before the device's name, where the deployment runs ("serve ... with 2 A10", "on 8×H100", "2张A10"; not a
+    # reply's "you need 2xA100")
+    ("device_count", re.compile(r"(?:\b(?:on|with|using|across)\s+|用|在|使用|(?=[1-9]\d?\s*张))(?P<v>[1-9]\d?)\s*"
+                                r"(?:[x×*]\s*|张\s*)?(?:NVIDIA\s+)?(?:A100|A800|H100|H800|H200|"
+                                r"H20|L40S?|L20|A10G?|A30|A40|V100|T4|(?:RTX\s*)?[345]090)s?(?![\w.])", re.IGNORECASE),
+     lambda m: int(m["v"]), (('a100', 'a800', 'h100', 'h800', 'h200', 'h20', 'l40', 'l20', 'a10', 'a30', 'a40', 'v100',
+                              't4', '090'),)),
     # vLLM refusing a request longer than max_model_len (vllm/renderers/params.py, earlier the OpenAI server's
     # serving_engine.py: "This model's maximum context length is N tokens. However, ..."): an error, no memory's
     ("exception", re.compile(r"This model's maximum context length is \d+ tokens"), lambda m: "VLLMValidationError",
