@@ -294,6 +294,17 @@ def _gib(m: re.Match) -> int:
 
 _DEVICE_WORDS = re.compile(r"gpu|npu|vram|显存|hbm|device|cuda|显卡", re.IGNORECASE)
 """Words that put a memory on the device."""
+_USED_BEFORE = ("占用", "使用", "用了", "消耗", "需要")
+"""Words before "显存 18GB" that make it memory used ("占用显存18GB"), not the device's size."""
+
+
+def _device_gb(m: re.Match) -> int | None:
+    """A device's size as sold, in GB; ``None`` where the words before say it is memory used."""
+    if m["v"] and m.string[max(0, m.start() - 2):m.start()] in _USED_BEFORE:
+        return None
+    return int(m["v"] or m["w"])
+
+
 _GIB_PER = {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
 
 
@@ -326,10 +337,10 @@ _SIMPLE = [
     ("platform_prose", re.compile(r"(?<![A-Za-z0-9_])(?:CUDA|NVIDIA|GeForce|GPUs?|[AHLPV]\d{2,3}S?|T4|(?:RTX ?)?[2345]0[789]0s?)(?![A-Za-z0-9_])"
                                   r"|nvidia-smi", re.IGNORECASE), lambda m: "cuda",
      (('cuda', 'nvidia', 'geforce', '090', 'a10', 'a800', 'a6000', 'h100', 'h20', 'h800', 'l40', 'l20', 'gpu', 'v100', 't4', 'p100', 'p40', '080', '070'),)),
-    ("device_nominal_gb", re.compile(r"(?<!占用)(?<!使用)(?<!用了)(?<!消耗)(?<!需要)(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
+    ("device_nominal_gb", re.compile(r"(?:显存|VRAM)\s*(?:为|是|[:：])?\s*(?P<v>\d{2,3})\s*G(?:B|iB)?(?![A-Za-z])|(?<![\d.~-])"
                                      r"(?P<w>\d{2,3})\s*G(?:B|iB)?\s*(?:的)?\s*(?:显存|显卡|卡|VRAM(?![A-Za-z])|"
                                      r"(?:v?NPU|GPU|card)s?(?![A-Za-z])(?!\s*(?:memory|mem|usage|显存)))", re.IGNORECASE),
-     lambda m: int(m["v"] or m["w"]), (('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),)),
+     _device_gb, (('显存', '显卡', 'vram', 'npu', 'gpu', 'card', '卡'),)),
     ("device_count", re.compile(r"(?<![\d.])(?P<v>[1-9]\d?)\s*(?:张?卡|(?:cards|GPUs|NPUs)(?![A-Za-z0-9]))", re.IGNORECASE),
      lambda m: int(m["v"]), (('卡', 'cards', 'gpus', 'npus'),)),
     ("device_count", re.compile(r"(?<![A-Za-z0-9])(?:A100|A800|H100|H800|H20|L40S?|L20|A10G?|[345]090|910B\d?)\s*[*×]\s*"
@@ -340,7 +351,7 @@ _SIMPLE = [
                                 r"(?:[x×*]\s*|张\s*)?(?:NVIDIA\s+)?(?:A100|A800|H100|H800|H200|"
                                 r"H20|L40S?|L20|A10G?|A30|A40|V100|T4|(?:RTX\s*)?[345]090)s?(?![\w.])", re.IGNORECASE),
      lambda m: int(m["v"]), (('a100', 'a800', 'h100', 'h800', 'h200', 'h20', 'l40', 'l20', 'a10', 'a30', 'a40', 'v100',
-                              't4', '090'),)),
+                              't4', '090'), ('on ', 'with ', 'using ', 'across ', '用', '在', '张'))),
     # vLLM refusing a request longer than max_model_len (vllm/renderers/params.py, earlier the OpenAI server's
     # serving_engine.py: "This model's maximum context length is N tokens. However, ..."): an error, no memory's
     ("exception", re.compile(r"This model's maximum context length is \d+ tokens"), lambda m: "VLLMValidationError",
@@ -526,7 +537,8 @@ _PROSE_FACTS = [
                                    r"(?:instances|engines|servers|containers|replicas)\b|第二个(?:实例|服务|容器|进程)|"
                                    r"(?:两|2|多)个[^，。,\n]{0,10}?(?:实例|服务|容器)", re.IGNORECASE),
      lambda m: m.group(0), (("second", "2nd", "another", "other", "two", "2 ", "multiple", "several", "第二个", "两个",
-                             "2个", "多个"),)),
+                             "2个", "多个"), ("instance", "engine", "server", "container", "replica", "deployment", "实例",
+                                            "服务", "容器", "进程"))),
     # a next model loaded after the first in the same program ("GPU OOM when switching to next generative model",
     # "the second model fails to load after the first one finishes", "切换到下一个模型时OOM"): the first engine's memory
     # is still held where the program does not free it (a benchmark or evaluation harness looping over models)
@@ -546,7 +558,8 @@ _PROSE_FACTS = [
                                    r"other |the )?(?:vLLM |other |different |second )?(?:model|process|instance|service|"
                                    r"program|engine|job|container|LLM)|(?:显存|显卡|卡|GPU|NPU)[^。，,\n]{0,10}?被[^。，,\n]{0,10}?"
                                    r"(?:进程|模型|服务|程序|容器)[^。，,\n]{0,4}?占用", re.IGNORECASE), lambda m: m.group(0),
-     (("occupied", "taken", "held", "in use", "used", "占用"),)),
+     (("occupied", "taken by", "taken with", "held by", "held with", "in use by", "in use with", "used by", "used with",
+       "占用"),)),
     ("cvd_after_import", re.compile(r"CUDA_VISIBLE_DEVICES[^\n]{0,80}?\bafter\b[^\n]{0,40}?import|import[^\n]{0,60}?"
                                     r"\bbefore\b[^\n]{0,40}?CUDA_VISIBLE_DEVICES", re.IGNORECASE), lambda m: True,
      (("cuda_visible_devices",),)),

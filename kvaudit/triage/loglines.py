@@ -402,10 +402,11 @@ def _literal_words(entry: dict) -> frozenset[str]:
     return frozenset(_WORD.findall(" ".join(p for p in pieces(entry) if isinstance(p, str)).lower()))
 
 
-def _literal_runs(entry: dict) -> tuple[str, ...]:
+def _literal_runs(entry: dict) -> tuple[tuple[str, frozenset[str]], ...]:
     """The literal runs of a format between its placeholders that hold 8 words or more (3 letters or more, lower-cased,
-    joined by one blank)."""
-    return tuple(" ".join(w) for p in pieces(entry) if isinstance(p, str) and len(w := _WORD.findall(p.lower())) >= 8)
+    joined by one blank), each with its words."""
+    return tuple((" ".join(w), frozenset(w)) for p in pieces(entry)
+                 if isinstance(p, str) and len(w := _WORD.findall(p.lower())) >= 8)
 
 
 _MARKED = [(c, words, _literal_runs(c.entry)) for c in _COMPILED if c.marks
@@ -414,7 +415,7 @@ _MARKED = [(c, words, _literal_runs(c.entry)) for c in _COMPILED if c.marks
 literal runs."""
 _MARKED_WORDS = frozenset().union(*(words for _, words, _ in _MARKED))
 _FEWEST = min(min(0.8 * len(words) for _, words, _ in _MARKED),
-              min(len(set(run.split())) for _, _, runs in _MARKED for run in runs))
+              min(len(its) for _, _, runs in _MARKED for _, its in runs))
 """Every word of those messages, and the fewest of them a line that retypes one (four in five) or quotes a run of one
 (a run's distinct words) holds."""
 
@@ -434,8 +435,15 @@ def retyped(line: str) -> list[tuple[str, Any]]:
     if len(words) < _FEWEST:
         return []
     out: list[tuple[str, Any]] = []
-    said = " " + " ".join(found) + " "
+    said = None
     for c, literal, runs in _MARKED:
-        if len(literal & words) >= 0.8 * len(literal) or any(f" {run} " in said for run in runs):
-            out += [m for m in c.marks if m not in out]
+        held = literal & words
+        if len(held) < 0.8 * len(literal):
+            quoted = [run for run, its in runs if its <= held]  # (a run is checked in order only where its words are)
+            if not quoted:
+                continue
+            said = said or " " + " ".join(found) + " "
+            if not any(f" {run} " in said for run in quoted):
+                continue
+        out += [m for m in c.marks if m not in out]
     return out
