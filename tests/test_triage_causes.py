@@ -651,3 +651,11 @@ def test_a_vllm_release_written_as_the_wheels_name_is_read_and_the_platform_is_w
     t = triage(text)
     assert t.version_needed and not any("which vLLM" in a for a in t.ask_for), t.ask_for
     assert t.ask_for[0].startswith("whether vLLM 0.18.0 (line 1: Vllm-0.18.0"), t.ask_for
+
+
+@pytest.mark.parametrize("error, no_memory", [
+    ("RuntimeError: [address=0.0.0.0:1234, pid=7] the scheduler failed to allocate a slot for the new model", False),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", True)])  # vllm-project/vllm#1518
+def test_an_error_whose_own_message_speaks_of_memory_running_short_is_never_no_memory_error(error, no_memory):
+    t = triage("vllm serve Qwen/Qwen2.5-7B-Instruct\n" + error)
+    assert (t.cause == "not-out-of-memory") is no_memory, t.headline

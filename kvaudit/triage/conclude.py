@@ -705,6 +705,11 @@ def _device_ran_out(ev: Evidence) -> bool:
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 
+_SPEAKS_OF_MEMORY = re.compile(r"\ballocat\w*|\bOOM\b|out of memory|\bfree memory\b|(?:not enough|insufficient|no "
+                               r"available) memory|显存|内存|\bKV cache\b|\bcache blocks\b", re.IGNORECASE)
+"""An error whose own message speaks of memory running short ("... therefore cannot allocate GPU memory for a new
+model", "Free memory on device ... on startup"): never "no memory error", whatever else the report lacks ("an illegal
+memory access" is no shortage)."""
 _USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow|allocat|exceed|分配|申请|超出|超过|开了?\s*\d",
                   re.IGNORECASE)
 """A line that says how much of a memory is used or taken, or that it grows ("宿主机RAM占用过高", "一行代码开1T cpu内存"),
@@ -774,7 +779,8 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
     elif title is not None and blames_driver(title.value) and not changed:
         kind, f = DRIVER, title
         cause_text = f"the reporter suspects the driver ({where(title, 140)}) and no line shows the device running out"
-    elif errors and ev.first("oom_mentioned") is None and not changed:
+    elif (errors := [e for e in errors if not _SPEAKS_OF_MEMORY.search(e.text)]) and ev.first("oom_mentioned") is None \
+            and not changed:
         kind, f = "not-out-of-memory", errors[-1]
         cause_text = f"the error is no memory error: {where(f, 160)}"
     else:
