@@ -144,7 +144,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
-                        "held-out-8", "held-out-9", "held-out-10", "held-out-11", "held-out-12")}
+                        "held-out-8", "held-out-9", "held-out-10", "held-out-11", "held-out-12", "held-out-13")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -213,6 +213,10 @@ MISSED_LATER = {
     "held-out-12": {
         "discuss-vllm-2608.txt": "requests preempted for a full KV cache, no failure; the answer asks instead",
         "discuss-vllm-357.txt": "V1's graph sizes capped by max_num_batched_tokens, read as graph capture alone",
+    },
+    "held-out-13": {
+        "vllm-1949.txt": "a profile run sized by a 32k max_model_len, the OOM only in the title",
+        "vllm-7721.txt": "a vision model's profile run of many dummy images, the OOM only in the title",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""
