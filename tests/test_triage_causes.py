@@ -254,18 +254,42 @@ def test_what_decides_a_runtime_oom_is_asked_for_first_and_what_each_answer_woul
     """A report that says the device ran out without torch's own line: the line (and the smi table) decide the ledger's
     last terms, so they are asked for first, each with what its answer would mean; a report whose line tells what is
     held outside the process is asked neither."""
-    from kvaudit.triage.causes import DECIDING_OOM, DECIDING_SMI
+    from kvaudit.triage.causes import DECIDING_OOM, DECIDING_OOM_PHASE, DECIDING_SMI
 
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\nit crashes with CUDA OOM after a while")
-    assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM, DECIDING_SMI)
-    assert t.deciding == ("failing allocation", "outside this process") == tuple(t.to_dict()["deciding"])
-    assert "the failing allocation and the memory held outside this process" in t.headline
+    assert t.cause == "unknown" and t.ask_for[:2] == (DECIDING_OOM_PHASE, DECIDING_SMI)
+    assert t.deciding[:2] == ("failing allocation", "outside this process")
+    assert t.deciding == tuple(t.to_dict()["deciding"])
+    assert "the failing allocation, the memory held outside this process" in t.headline
     assert ("**What decides, and the report lacks**: the failing allocation, the memory held outside this process"
             in t.to_markdown())
     assert "another process is the cause" in DECIDING_OOM and "a KV connector, a trainer" in DECIDING_OOM
     t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + OOM.format(held="60.00"))
     assert DECIDING_OOM not in t.ask_for and DECIDING_SMI not in t.ask_for
     assert t.cause == "another-process" and t.deciding == ("budget",)  # it rests on the utilization, assumed
+
+
+def test_where_no_traceback_or_start_up_step_places_an_oom_the_terms_its_phase_decides_are_asked_for_once():
+    """A device out of memory that nothing places in a phase (no traceback, no start-up step logged before it): the
+    phase decides which budgeted term ran out (the weights, the profile run's activations, the graphs), so those are
+    deciding terms, asked for in one question with torch's line, or alone where that line is shown; an eager launch
+    captures no graph; a phase the frames or the log show decides, and none is asked."""
+    from kvaudit.triage.causes import DECIDING_OOM_PHASE, DECIDING_PHASE
+
+    said = "it crashes with CUDA OOM after a while"
+    t = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + said)
+    assert t.deciding[2:] == ("weights", "peak activation", "graphs")
+    assert DECIDING_OOM_PHASE in t.ask_for and DECIDING_PHASE not in t.ask_for
+    assert "`capture_model`" in DECIDING_PHASE and "`profile_run`" in DECIDING_PHASE and "`load_model`" in DECIDING_PHASE
+    eager = triage("vllm serve /models/some-model --tensor-parallel-size 2 --enforce-eager\n" + said)
+    assert eager.deciding[2:] == ("weights", "peak activation")
+    loaded = "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 7.5 GiB memory and 20.1 seconds\n"
+    placed = triage("vllm serve /models/some-model --tensor-parallel-size 2\n" + loaded + said)
+    assert placed.phase == "memory profiling" and not set(placed.deciding) & {"weights", "graphs"}
+    warm = triage((ROOT / "fixtures/reports/held-out-11/vllm-17939.txt").read_text())  # (after graph capture)
+    assert (warm.phase, warm.cause) == ("warm-up", "unknown") and not set(warm.deciding) & {"weights", "graphs"}
+    shown = triage("vllm serve /models/some-model --gpu-memory-utilization 0.9\n" + OOM.format(held="70.00"))
+    assert shown.deciding == ("weights", "peak activation", "graphs") and shown.ask_for[0] == DECIDING_PHASE
 
 
 def test_a_concluded_cause_names_the_terms_it_rests_on_that_the_report_does_not_state():
@@ -331,11 +355,11 @@ def test_where_the_report_shows_no_launch_the_terms_its_settings_decide_are_aske
     from kvaudit.triage.causes import DECIDING_LAUNCH
 
     t = triage("Qwen2-7B-Instruct runs out of memory on one A100 40GB\nit crashes with CUDA OOM after a while")
-    assert t.cause == "unknown" and t.deciding[-3:] == ("budget", "KV for one request", "peak activation")
+    assert t.cause == "unknown" and {"budget", "KV for one request", "peak activation"} <= set(t.deciding)
     assert t.ask_for.count(DECIDING_LAUNCH) == 1 and not any("gpu_memory_utilization` the engine" in a
                                                              for a in t.ask_for)
     t = triage("vllm serve Qwen/Qwen2-7B-Instruct --max-model-len 4096\nit crashes with CUDA OOM after a while")
-    assert not set(t.deciding) & {"budget", "KV for one request", "peak activation"} and DECIDING_LAUNCH not in t.ask_for
+    assert not set(t.deciding) & {"budget", "KV for one request"} and DECIDING_LAUNCH not in t.ask_for
 
 
 @pytest.mark.parametrize("text, preallocated", [
@@ -387,7 +411,7 @@ def test_a_kv_connector_the_report_runs_is_a_deciding_term_until_the_failing_fra
     launch = ("vllm serve /models/some-model --kv-transfer-config "
               "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'\n")
     t = triage(launch + "it crashes with CUDA OOM after a while")
-    assert t.deciding == ("failing allocation", "outside this process", "component")
+    assert t.deciding[:3] == ("failing allocation", "outside this process", "component")
     assert DECIDING_COMPONENT in t.ask_for and "the KV connector's own allocations" in t.headline
     assert "outside vLLM's budget" in DECIDING_COMPONENT
     t = triage("vllm serve /models/some-model\nit crashes with CUDA OOM after a while")
@@ -401,7 +425,8 @@ def test_where_the_figures_show_what_was_held_outside_the_unstated_utilization_d
     from kvaudit.triage.causes import DECIDING_BUDGET
 
     t = _cause(OOM.format(held="71.00"))
-    assert (t.cause, t.deciding) == ("unknown", ("budget",)) and t.ask_for[0] == DECIDING_BUDGET
+    assert (t.cause, t.deciding[0]) == ("unknown", "budget") and t.ask_for[0] == DECIDING_BUDGET
+    assert "outside this process" not in t.deciding  # (the phase, unplaced, decides which term ran out)
     t = _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="71.00"))
     assert t.cause == "another-process" and t.deciding == ()
 
@@ -464,7 +489,7 @@ def test_this_process_over_vllms_budget_is_a_term_that_grew_decided_by_the_trace
     assert DECIDING_WEIGHTS in t.ask_for and "grew past what it planned" in t.headline
     assert _cause("vllm serve /models/x --gpu-memory-utilization 0.95\n" + OOM.format(held="78.00")).cause == "unknown"
     within = _cause("vllm serve /models/x --gpu-memory-utilization 0.9\n" + OOM.format(held="70.00"))
-    assert within.inequality is None and "weights" not in within.deciding  # 70.00 GiB: within the budget
+    assert within.inequality is None and within.deciding[:2] != ("failing allocation", "weights")  # within it
 
 
 _WORKER_FAILED = (  # QwenLM/Qwen2.5-Omni#288 (held-out-9), verbatim: a worker's error, vLLM's own shutdown, the shell

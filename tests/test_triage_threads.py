@@ -101,7 +101,6 @@ def _verdict_and_cause(folder, name: str, want: dict):
 DEVELOP = ROOT / "fixtures" / "reports" / "develop"
 DEVELOP_EXPECTED = _expected(DEVELOP)
 MISSED = {
-    "QwenLM-Qwen-589.txt": "the maintainer asked for the log; kvaudit concludes on the upstream allocator",
     "vllm-ascend-9005.txt": "'Memory resources are exhausted' beside free device memory: the driver is not named",
     "vllm-ascend-9230.txt": "a hybrid model on an unnamed vllm-ascend release: the verdict depends on the release",
 }
@@ -161,20 +160,17 @@ MISSED_LATER = {
     "held-out-3": {
         "vllm-352.txt": "a second server on the first's GPUs, asked as a question",
         "vllm-50159.txt": "Model Runner V2 named reads as its default change; the thread names the load",
-        "vllm-9445.txt": "a vision model's profile run of max_num_seqs images is not read",
         "vllm-ascend-9894.txt": "W8A8 weights loaded unquantized are not in the report's figures",
     },
     "held-out-4": {
         "modelscope-ms-swift-3363.txt": "a wrapper's max_memory option against vLLM's TP",
         "vllm-14450.txt": "LoRA memory left out of vLLM's sizing fits no verdict triage gives",
-        "vllm-18446.txt": "V1's larger CUDA graphs named only as 'works on V0'",
         "vllm-ascend-4026.txt": "EL0004 'Failed to allocate memory' where the thread says 310P is unsupported",
         "vllm-ascend-7308.txt": "vllm-ascend's accounting of two instances' non-torch memory is not audited",
         "zai-org-GLM-4-149.txt": "1M tokens of max model len stated in prose against a 40 GB card",
         "zai-org-GLM-4-335.txt": "a demo that loads weights unquantized on 16 GB",
     },
     "held-out-5": {
-        "verl-project-verl-3339.txt": "a framework's eager-mode switch that fixed it is not in the report",
         "vllm-42049.txt": "a torch release's allocator regression, read as weights",
     },
     "held-out-6": {
@@ -186,7 +182,6 @@ MISSED_LATER = {
         "tilcodes-speed-racer-gone-wrong.txt": "memory growing under CUDA graphs while serving is not read",
         "vllm-43951.txt": "the sleep-mode allocator's pool while weights load, read as weights",
         "vllm-53413.txt": "a kernel's workspace while serving, stated in prose, names no cause",
-        "vllm-8073.txt": "two fragments; the draft model vLLM did not profile is not read",
         "vllm-9995.txt": "a draft model vLLM does not profile at 0.99 is not read",
         "vllm-ascend-14004.txt": "a 310P budget rule that subtracts another process twice is not audited",
         "vllm-ascend-449.txt": "an invalid-device assertion in the title only; two LLM( examples read as two engines",
@@ -216,7 +211,6 @@ MISSED_LATER = {
     },
     "held-out-13": {
         "vllm-1949.txt": "a profile run sized by a 32k max_model_len, the OOM only in the title",
-        "vllm-7721.txt": "a vision model's profile run of many dummy images, the OOM only in the title",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

@@ -218,7 +218,8 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     allocations where the report runs one and the failing frames do not show them. Where the figures show what was
     held outside and nothing breaks, the utilization decides if the report does not state it; where this process held
     more than vLLM's budget, the failing allocation's traceback and the weights decide which budgeted term grew; where
-    the report shows no launch, the terms its settings decide (``_launch_terms``)."""
+    the report shows no launch, the terms its settings decide (``_launch_terms``); where it shows no phase, the terms
+    the phase decides (``_phase_terms``)."""
     if any(f.value <= 0 for f in ev.all("available_kv")):
         return []  # vLLM's refusal decides: nothing ran out at run time
     if ev.first("kv_capacity_error") is not None:  # (one refusal decides; two that exclude each other, the budget)
@@ -232,10 +233,22 @@ def deciding_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
     if terms and ev.first("kv_connector") is not None and ev.first("oom_package") is None:
         terms.append("component")  # (a connector's allocation in the failing frames already decides)
     if not terms and _figures_shown(ev) and not _reported(values, "gpu_memory_utilization"):
-        return ["budget"]  # what is held outside is known; the headroom it must fit in is the utilization's
+        return ["budget"] + _phase_terms(ev)  # what is held outside is known; the headroom is the utilization's
+    if "host memory" not in terms:  # (which memory, first)
+        terms += _phase_terms(ev)
     if terms and ev.first("launch_parser") is None and "host memory" not in terms:  # (which memory, first)
-        terms += _launch_terms(ev, values)
+        terms += [t for t in _launch_terms(ev, values) if t not in terms]
     return terms
+
+
+def _phase_terms(ev: Evidence) -> list[str]:
+    """Where the report says the device ran out and shows neither a traceback nor a start-up step that places it
+    (``phase_of``), the terms of vLLM's budget its phase decides (``PHASE_DECIDES``): the weights (loading them), the
+    profile run's or a batch's activations, and the graphs, unless the launch runs eager (no graph is captured)."""
+    if ev.first("oom", "oom_mentioned") is None or phase_of(ev) is not None:
+        return []
+    eager = any(f.value for f in ev.all("enforce_eager"))
+    return [t for t in PHASE_DECIDES if not (eager and t == "graphs")]
 
 
 def _launch_terms(ev: Evidence, values: dict[str, Sourced]) -> list[str]:
@@ -297,13 +310,35 @@ DECIDING_LAUNCH = ("the launch: the `vllm serve` command line or the `LLM(...)` 
 LAUNCH_TERMS = ("budget", "KV for one request", "peak activation")
 """The terms of vLLM's budget a launch's settings decide (``_launch_terms``), asked for as one question."""
 
+_PHASE_MEANS = ("the phase it failed in decides which term ran out. Loading the weights (`load_model`, before \"Model "
+                "loading took\"): the weights (a larger TP, a quantized checkpoint); the profile run (`profile_run`, "
+                "`_dummy_run`, before \"Available KV cache memory\"): its activations (a smaller "
+                "`--max-num-batched-tokens` / `--max-num-seqs`); graph capture (`capture_model`, after \"Capturing CUDA "
+                "graphs\"): the graphs (`--enforce-eager`); a request while serving: that batch's activations (fewer or "
+                "shorter concurrent requests)")
+DECIDING_PHASE = "the start-up log up to the error, or the error's traceback: " + _PHASE_MEANS
+DECIDING_OOM_PHASE = DECIDING_OOM + ". In its traceback (or the start-up log up to it), " + _PHASE_MEANS
+PHASE_DECIDES = ("weights", "peak activation", "graphs")
+"""The terms of vLLM's budget the failing phase decides (``_phase_terms``): two or more of them are asked for as one
+question, the phase."""
+
 
 def asks(terms: list[str], cause: str | None = None) -> list[str]:
-    """The question for each deciding term (where ``cause`` asks for it otherwise, that question; two or more terms a
-    launch decides, the launch, once)."""
-    launch = [t for t in terms if t in LAUNCH_TERMS]
+    """The question for each deciding term (where ``cause`` asks for it otherwise, that question; two or more terms
+    the failing phase decides where no cause is concluded, the phase, once, with the failing allocation where it is
+    asked for too; two or more others a launch decides, the launch, once)."""
+    phase = [t for t in terms if t in PHASE_DECIDES]
+    phase = phase if len(phase) > 1 and cause in (None, "unknown") else []  # (a concluded cause's are its two sides)
+    launch = [t for t in terms if t in LAUNCH_TERMS and t not in phase]
     out = []
     for t in terms:
+        if t == "failing allocation" and phase:
+            out.append(DECIDING_OOM_PHASE)  # (one traceback shows both)
+            continue
+        if t in phase:
+            if t == phase[0] and "failing allocation" not in terms:
+                out.append(DECIDING_PHASE)
+            continue
         if len(launch) > 1 and t in LAUNCH_TERMS:
             if t == launch[0]:
                 out.append(DECIDING_LAUNCH)
