@@ -265,6 +265,10 @@ def test_a_string_inside_a_replacement_field_is_skipped_whole():
      True),
     ("the model's max seq len is larger than what the KV cache holds", False),  # a paraphrase of a few of its words
     ("the KV cache uses a lot of memory on my GPU", False),
+    # pat-jj/s3#10 (held-out-14): the refusal's anchor, the phrase it is known by, retold in lower case in a sentence
+    ("I ran train_s3.sh using 30904 and received the error no available memory for the cache blocks during allocation.",
+     True),
+    ("there is available memory for the cache blocks, yet it fails", False),  # (the anchor's "no" is one of its words)
 ])
 def test_a_refusal_retyped_by_hand_is_read_as_vllms_by_four_in_five_of_its_words(line, marked):
     from kvaudit.triage.evidence import extract

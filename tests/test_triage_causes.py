@@ -363,6 +363,9 @@ def test_where_the_report_shows_no_launch_the_terms_its_settings_decide_are_aske
 
 
 @pytest.mark.parametrize("text, preallocated", [
+    # vllm-project/vllm#355 (held-out-14): "requires much more memory", a question in its title
+    ("Why using LLM class to load models requires much more memory than using huggingface from_pretrained method?\nI "
+     "tried the code `llm = LLM(model=\"facebook/opt-125m\")` on a single T4", True),
     # vllm#2352: a question about memory use, and nothing failed
     ("Why vLLM - GPTQ deployment consumes high memory?\nwhen deploying the GPTQ version of the model with vLLM it "
      "consumes around 69GB of GPU", True),
@@ -608,6 +611,30 @@ def test_no_room_beside_another_instance_whose_weights_fill_under_half_the_budge
     assert (t.verdict, t.cause) == (MATCHES_PLAN, cause), t.headline
 
 
+@pytest.mark.parametrize("noun, cause", [("multiple LLM classes", "another-process"),
+                                         ("multiple LLM calls", "no-room-for-kv-cache")])
+def test_several_llm_engines_on_one_gpu_are_instances_that_count_each_others_memory(noun, cause):
+    """vllm-project/vllm#9198 (held-out-14), verbatim but the noun: two ``LLM`` objects (vLLM's engine class) built at
+    once on one T4, each at 0.4: the second's profile counts the first's memory. "LLM calls" name no engine."""
+    t = triage(f"vllm:  0.5.5+cu118\nmy llm model is qwen2 1.5b，so i want to initialize multiple workers on one single "
+               f"GPU(T4，16G mem) for high throughput.\nbut，when initializing {noun} simultaneously on the same GPU "
+               "results in an error: \n**_ValueError: No available memory for the cache blocks. Try increasing "
+               "gpu_memory_utilization when initializing the engine._** \nself.llm = LLM(model=model_path, "
+               "tensor_parallel_size=1, enforce_eager=True, gpu_memory_utilization=0.4)")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, cause), t.headline
+
+
+@pytest.mark.parametrize("growth, cause", [(", ultimately leading to continuous memory growth", "unknown"),
+                                           ("", "another-process")])
+def test_memory_kept_that_is_said_to_grow_is_a_leak_not_an_earlier_engines(growth, cause):
+    """vllm-project/vllm-ascend#14720 (held-out-14): references kept in a global list "cannot release the referenced
+    global memory, ultimately leading to continuous memory growth": a leak in this process, not memory an earlier
+    engine left (whose memory the report does not say: no cause); without the growth, what is kept is held outside."""
+    t = triage("[Bug]: OOM when loading weights\nThe gc.collect() and torch.accelerator.empty_cache() cannot release "
+               f"the referenced global memory{growth} and eventually causing an OOM.")
+    assert t.cause == cause, t.headline
+
+
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
     host, and nothing of the device's."""
@@ -615,8 +642,56 @@ def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "host-memory"), t.headline
 
 
+def test_a_retold_no_room_refusal_is_no_room_however_it_is_cased():
+    """pat-jj/s3#10 (held-out-14): "received the error no available memory for the cache blocks during allocation":
+    vLLM's refusal where the KV budget is not positive, known by its anchor, not by the line's case."""
+    t = triage("vllm gpu_memory_utilization..\nI ran train_s3.sh using 30904 and received the error no available memory "
+               "for the cache blocks during allocation.\n3090 24gb *4 should be enough")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "no-room-for-kv-cache"), t.headline
+
+
+def test_vllms_own_swap_space_full_is_the_hosts_memory():
+    """vllm-project/vllm#787 (held-out-14): V0's scheduler aborts when the CPU swap space it reserves for preempted
+    sequences is full ("Aborted due to the lack of CPU swap space"): host memory, and a larger `--swap-space`."""
+    t = triage("RuntimeError: Aborted due to the lack of CPU swap space. Please increase the swap space to avoid this "
+               "error.\nllm = LLM(model='lmsys/vicuna-7b-v1.3')")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "host-memory"), t.headline
+    assert any("a larger `--swap-space`" in a for a in t.actions)
+
+
+def test_the_worker_method_an_executor_names_on_the_error_line_places_it():
+    """vllm-project/vllm#8903 (held-out-14): V0's multiprocessing executor names the worker method the out-of-memory
+    error left ("while processing method determine_num_available_blocks"): the profile run, with no frame printed;
+    a frame the traceback prints still decides first."""
+    line = ("(VllmWorkerProcess pid=214) ERROR 09-27 05:20:38 multiproc_worker_utils.py:233] Exception in worker "
+            "VllmWorkerProcess while processing method determine_num_available_blocks: CUDA out of memory. Tried to "
+            "allocate 19.63 GiB. GPU 3 has a total capacity of 79.15 GiB of which 17.73 GiB is free. Process 78 has "
+            "61.41 GiB memory in use.")
+    assert triage("vllm serve x --tensor-parallel-size 4\n" + line).phase == "memory profiling"
+    framed = ('Traceback (most recent call last):\n  File "/x/vllm/worker/model_runner.py", line 1, in capture_model\n'
+              + line)
+    assert triage("vllm serve x\n" + framed).phase == "CUDA/ACL graph capture"
+    ray = "ERROR worker_base.py:464] Error executing method 'determine_num_available_blocks'. This might cause deadlock"
+    assert triage("vllm serve x\n" + ray + "\ntorch.OutOfMemoryError: CUDA out of memory").phase == "memory profiling"
+
+
+def test_engine_arguments_passed_through_another_librarys_call_are_a_launch():
+    """BatsResearch/bonito#22 (held-out-14): ``Bonito("BatsResearch/bonito-v1", gpu_memory_utilization=0.9)`` hands
+    vLLM's engine arguments on: its first argument is the model, as ``LLM(...)``'s is; a call with none of vLLM's
+    arguments is not a launch."""
+    t = triage('ValueError: No available memory for the cache blocks.\nbonito = Bonito("BatsResearch/bonito-v1",'
+               'gpu_memory_utilization=0.9)')
+    assert t.deployment["model"].value == "BatsResearch/bonito-v1" and t.deployment["model"].reported
+    assert not any("which model" in a for a in t.ask_for)
+    assert extract(['bonito = Bonito("BatsResearch/bonito-v1", gpu_memory_utilization=0.9)']).first(
+        "launch_parser") is not None
+    assert extract(['m = AutoModel.from_pretrained("org/other-7b", torch_dtype="auto")']).first("launch_parser") is None
+
+
 @pytest.mark.parametrize("line", [
     "[BUG] GPU OOM when switching to next generative model",  # EuroEval/EuroEval#171 (held-out-11), its title
+    "Using vllm, the model is initialised with with every request leading to CUDA out of memory error",  # litellm#883
+    "in my handler a new LLM is created for each request, and it runs out of memory",
     "only one of the GPUs has its cache reset, so an OOM error is hit when the next model is benchmarked",
     "切换到下一个模型时报OOM"])
 def test_a_next_model_loaded_after_the_first_in_one_program_is_the_first_engines_memory(line):

@@ -399,7 +399,7 @@ class _Case:
     @property
     def no_room(self) -> bool:
         return (self.A is not None and self.A <= 0
-                or self.capacity is not None and "No available memory" in self.capacity.text)
+                or self.capacity is not None and _says_no_room(self.capacity))
 
     @property
     def refusals_disagree(self) -> bool:
@@ -456,8 +456,14 @@ def refusals_disagree(ev: Evidence) -> bool:
     memory for the cache blocks" where the KV budget is not positive, "To serve at least one request with the model's
     max seq len ..." (V0: "... larger than the maximum number of tokens that can be stored in KV cache") where it is
     positive but short of one request (vllm/v1/core/kv_cache_utils.py): the KV budget's sign decides which ran."""
-    kinds = {"No available memory" in str(f.value) for f in ev.all("kv_capacity_error")}
+    kinds = {_says_no_room(f) for f in ev.all("kv_capacity_error")}
     return kinds == {True, False}
+
+
+def _says_no_room(refusal: Fact) -> bool:
+    """Whether a refusal of the KV cache is vLLM's "No available memory for the cache blocks" (its anchor, the fact's
+    value, however the report cased or wrapped it), not one of the refusals of a budget short of one request."""
+    return "No available memory" in str(refusal.value)
 
 
 def _no_room(c: _Case) -> _Finding | None:
@@ -565,8 +571,8 @@ def _second_engine(c: _Case) -> _Finding | None:
 
 def _not_released(c: _Case) -> _Finding | None:
     kept = c.ev.first("not_released")
-    if kept is None:
-        return None
+    if kept is None or c.ev.first("memory_growth") is not None:
+        return None  # (memory said to grow as well: what is kept is a leak in this process, ``_memory_growth``)
     return _Finding("another-process", f"the device ran out because memory was not released ({where(kept, 120)}): "
                     "what an earlier engine or request left behind is held outside vLLM's profile.", [
                         "Free what is held (a fix of the release path, or a restart) before planning the next engine; "

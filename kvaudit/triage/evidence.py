@@ -264,6 +264,12 @@ _ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+|(?:-e|--env)\s+)?[A-Z][A
 """An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
 ``- VLLM_ARGS=...``)."""
 _LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
+_WRAPPER_CALL = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\((?=[^()\n]*\b(?:gpu_memory_utilization|tensor_parallel_size|"
+                           r"pipeline_parallel_size|max_model_len|max_num_seqs|max_num_batched_tokens|kv_cache_dtype|"
+                           r"enforce_eager|cpu_offload_gb|swap_space)\s*=)")
+"""A call of another library's class or function that passes vLLM's own engine arguments on (``Bonito("org/model",
+gpu_memory_utilization=0.9)``, a trainer's ``Rollout(..., tensor_parallel_size=2)``): a launch of vLLM through it, read
+as ``LLM(...)`` is (its first argument the model)."""
 _LLM_ENGINE = re.compile(r"(?<![\w.])LLM\(")
 """An offline engine constructed (``llm = LLM(model=...)``): each holds its own device memory until it is freed."""
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
@@ -398,15 +404,21 @@ _ASCEND_AVAILABLE = re.compile(r"Available memory: (?P<a>-?\d{1,18}), total memo
 _FREE_ON_STARTUP = re.compile(rf"Free memory on device(?: \S+)? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup")
 _FRAME = re.compile(r'File "(?P<path>[^"]{1,1024})", line (?P<ln>\d{1,9}), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_EXECUTOR_METHOD = re.compile(r"(?:while processing method|Error executing method) '?(?P<func>\w+)'?")
+"""vLLM's executors naming the worker method an exception left (vllm/executor/multiproc_worker_utils.py: "Exception in
+worker %s while processing method %s"; vllm/worker/worker_base.py: "Error executing method {method!r}. This might cause
+deadlock in distributed execution.")."""
 _GROWTH = re.compile(r"(?:memory|usage|显存|内存|HBM)[^.\n]{0,30}?(?:keeps?|kept|continu\w*|gradual\w*|slow\w*|steadi\w*|"
                      r"constant\w*)?[ \t]*(?:grow\w*|increas\w*|ris(?:es|ing)|climb\w*|goes up|going up)(?:[^.\n]|\.\d){0,50}?"
                      r"(?:over time|hours?|days?|requests?|each|every|until|after|continu\w*|per (?:request|inference|"
                      r"iteration|step|call|batch))|memory leak|leaks? memory|"
+                     r"\b(?:continu\w*|steady|gradual|constant|unbounded)\s+(?:(?:device|GPU|NPU)\s+)?memory\s+(?:growth|increase)|"
                      r"(?:显存|内存)(?:占用)?.{0,8}?(?:一直|持续|不断|逐渐|缓慢|慢慢|渐渐|越来越|会)(?:继续)?.{0,12}?"
                      r"(?:上涨|增长|增加|增大|变大|上升|提升|升高)|(?:显存|内存)(?:泄漏|泄露)|"
                      r"(?:\bOOM\b|out of memory)[^.\n]{0,40}?after (?:running |serving )?(?:for )?(?:\w+ )?(?:hours?|days?|weeks?)\b",
                      re.IGNORECASE)
-"""Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨")."""
+"""Device memory said to grow while serving ("memory usage keeps increasing over time", "显存占用持续上涨", "continuous
+memory growth")."""
 _HUB_URL = re.compile(r"(?:huggingface\.co|hf-mirror\.com|modelscope\.cn/models)/(?P<id>[A-Za-z0-9][\w.-]{0,95}/"
                       r"[A-Za-z0-9][\w.-]{0,95})")
 """A model's page on the Hub (or its mirrors): its id."""
@@ -421,10 +433,11 @@ _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memor
                               r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗|[吗呢](?=\s*(?:[。！!]|$)))|(?:question|why|为什么|是否正常)"
                               r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))|"
                               r"\b(?:why|how come)\b[^?\n]{0,80}?\b(?:consum\w*|uses?|using|takes?|taking|occup\w*|"
-                              r"reserv\w*|allocat\w*)\b[^?\n]{0,40}?\bmemory\b[^?\n]{0,20}\?",
+                              r"reserv\w*|allocat\w*|requir\w*|needs?|costs?)\b[^?\n]{0,40}?\bmemory\b[^?\n]{0,60}\?",
                               re.IGNORECASE)
 """The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?", "Why
-vLLM - GPTQ deployment consumes high memory?")."""
+vLLM - GPTQ deployment consumes high memory?", "Why using LLM class to load models requires much more memory than
+using huggingface from_pretrained method?")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
                           r"[^.\n]{0,60}?(?:\boom\b|out of memory|显存不足|爆显存)|"
@@ -531,21 +544,27 @@ _PROSE_FACTS = [
                                 r"not (?:freed|released))", re.IGNORECASE), lambda m: m.group(0),
      (("release", "free", "释放", "unload"),)),
     # a second instance of the engine on the same devices, said in prose ("the second instance fails", "以相同的参数配置
-    # 运行两个7B模型，第二个实例报错", "two vLLM servers on one GPU"): the first one's memory is outside the second's budget
+    # 运行两个7B模型，第二个实例报错", "two vLLM servers on one GPU", "multiple LLM classes": vLLM's engine class): the first
+    # one's memory is outside the second's budget
     ("second_instance", re.compile(r"\b(?:second|2nd|another|other) (?:vllm |vLLM )?(?:instance|engine|server|container|"
                                    r"replica|deployment)s?\b|\b(?:two|2|multiple|several) (?:vllm |identical |same )?"
-                                   r"(?:instances|engines|servers|containers|replicas)\b|第二个(?:实例|服务|容器|进程)|"
+                                   r"(?:instances|engines|servers|containers|replicas|LLM (?:instances|objects|classes))\b|第二个(?:实例|服务|容器|进程)|"
                                    r"(?:两|2|多)个[^，。,\n]{0,10}?(?:实例|服务|容器)", re.IGNORECASE),
      lambda m: m.group(0), (("second", "2nd", "another", "other", "two", "2 ", "multiple", "several", "第二个", "两个",
-                             "2个", "多个"), ("instance", "engine", "server", "container", "replica", "deployment", "实例",
-                                            "服务", "容器", "进程"))),
+                             "2个", "多个"), ("instance", "engine", "server", "container", "replica", "deployment", "llm ",
+                                            "实例", "服务", "容器", "进程"))),
     # a next model loaded after the first in the same program ("GPU OOM when switching to next generative model",
-    # "the second model fails to load after the first one finishes", "切换到下一个模型时OOM"): the first engine's memory
-    # is still held where the program does not free it (a benchmark or evaluation harness looping over models)
+    # "the second model fails to load after the first one finishes", "切换到下一个模型时OOM"), or the engine built again for
+    # each request ("the model is initialised with every request"): the first engine's memory is still held where the
+    # program does not free it (a benchmark or evaluation harness looping over models, an engine made in a handler)
     ("next_model", re.compile(r"\b(?:switch\w*|mov\w*|go\w*|chang\w*)\s+(?:on\s+)?to\s+(?:the\s+)?(?:next|second|another)"
                               r"\s+(?:[\w-]+\s+)?model\b|\b(?:next|second)\s+(?:[\w-]+\s+)?model\b[^.\n]{0,30}?\b(?:begins|starts|"
-                              r"loads?|runs?|is (?:loaded|started|run|benchmarked|evaluated)|fails? to load)\b|切换(?:到)?(?:下一个|第二个|另一个)模型",
-                              re.IGNORECASE), lambda m: m.group(0), (("next", "second", "another", "切换"), ("model", "模型"))),
+                              r"loads?|runs?|is (?:loaded|started|run|benchmarked|evaluated)|fails? to load)\b|切换(?:到)?(?:下一个|第二个|另一个)模型|"
+                              r"\b(?:model|engine|LLM)\b[^.\n]{0,20}?\b(?:re-?)?(?:initiali[sz]ed|loaded|created|instantiated|"
+                              r"constructed)\b[^.\n]{0,20}?\b(?:every|each)\s+(?:request|call|query|iteration|time)\b|"
+                              r"每次(?:请求|调用)都?(?:会)?(?:重新)?(?:加载|初始化)模型",
+                              re.IGNORECASE), lambda m: m.group(0), (("next", "second", "another", "切换", "every", "each",
+                                                                      "每次"), ("model", "模型", "engine", "llm"))),
     # a container Kubernetes restarts over and over (kubelet's "CrashLoopBackOff", "Back-off restarting failed
     # container"): why it ended, its memory limit (Reason: OOMKilled) or its own error, is in its last state
     ("restarting", re.compile(r"crash\s?loop\s?back(?:\s?off)?|Back-off restarting failed container", re.IGNORECASE),
@@ -762,7 +781,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                                                    rest=rest, last=k)
             elif launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k), rest, k))
-        elif ("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) and frame is None:
+        elif frame is None and (("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) or "_" in low
+                                and "(" in low and (m := _WRAPPER_CALL.search(line))):
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
                     and not _FRAME.search(lines[k]) and not _TRACEBACK.search(lines[k]):
@@ -802,6 +822,8 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("exception", m["v"], n, line)
         if "traceback" in low and _TRACEBACK.search(line):
             tracebacks.append(n)
+        if frame is None and "method" in low and (m := _EXECUTOR_METHOD.search(line)):
+            frames.append((n, m["func"]))  # (the worker method that raised, as its executor names it: a frame)
         if frame is not None:
             frames.append((n, frame["func"]))
             packages[n] = _package(frame["path"])
@@ -1069,7 +1091,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
         f"{i}d" for i in range(1, 10)),)),
     ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
                                             "video memory", "memory usage", "memory consumption", "memory footprint",
-                                            "显存", "memory?", "memory ?"),)),
+                                            "显存", "memory?", "memory ?", "more memory", "much memory"),)),
     ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "tp ", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
@@ -1350,13 +1372,15 @@ def _host_package(packages: dict[int, str | None], oom_line: int, reach: int = 8
 
 def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
     """The phase of the traceback around an error line: its deepest recognised frame. Tracebacks
-    usually end with the error; some logs print the error first, so frames after it count too."""
+    usually end with the error; some logs print the error first, so frames after it count too; last, the method the
+    error's own line names (``_EXECUTOR_METHOD``), the outermost."""
     at = [f[0] for f in frames]
     lo, mid, hi = (bisect.bisect_left(at, oom_line - reach), bisect.bisect_left(at, oom_line),
                    bisect.bisect_right(at, oom_line + reach))
     before = frames[lo:mid]
     after = [f for f in frames[mid:hi] if f[0] != oom_line]
-    for block in (before, after):
+    named = [f for f in frames[mid:hi] if f[0] == oom_line]
+    for block in (before, after, named):
         for n, func in reversed(block):
             for phase, funcs in PHASES.items():
                 if func in funcs:

@@ -32,6 +32,10 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
                                      "ray's oom", "ray out of memory"),
      re.compile(r"killed due to memory pressure|running low on memory|RayOutOfMemoryError|Memory on the node .{0,80} was "
                 r"[0-9.]+\s*GB / [0-9.]+\s*GB|\bRay(?:'s)? (?:OOM|out of memory)\b", re.IGNORECASE)),
+    # vLLM V0's scheduler preempting by swapping a sequence group's KV blocks to the CPU (vllm/core/scheduler.py
+    # _swap_out, 0.1 to 0.10: "Aborted due to the lack of CPU swap space. Please increase the swap space to avoid this
+    # error."): the host memory vLLM reserves for swapped blocks (`--swap-space`, GiB per GPU) is full
+    (HOST, "vLLM's CPU swap space", ("swap space",), re.compile(r"lack of CPU swap space", re.IGNORECASE)),
     # torch's CPU allocator (c10/core/impl/alloc_cpu.cpp: "DefaultCPUAllocator: can't allocate memory"), errno 12
     # (ENOMEM, "Cannot allocate memory"), C++'s std::bad_alloc, Python's MemoryError
     (HOST, "the host allocator", ("defaultcpuallocator", "errno 12", "bad_alloc", "memoryerror"), re.compile(
@@ -105,8 +109,8 @@ _DRIVER_TITLE = re.compile(r"(?:\bdriver\b|驱动)", re.IGNORECASE)
 _FAILED = re.compile(r"\b(?:errors?|fail\w*|crash\w*|cannot|can't|unable)\b|报错|失败|无法|不能", re.IGNORECASE)
 
 WHAT_IS = {
-    HOST: "the host's memory (RAM) ran out, not the device's: the kernel or Ray killed the process, or a host "
-          "allocation failed",
+    HOST: "the host's memory (RAM) ran out, not the device's: the kernel or Ray killed the process, a host "
+          "allocation failed, or the CPU swap space vLLM reserves for preempted sequences was full",
     COLLECTIVE: "the collective library (NCCL/HCCL) failed to set up or run its communicators or their shared memory",
     DRIVER: "the driver or the device runtime failed (its version, or the runtime's own error)",
     UNSUPPORTED: "the device cannot run a kernel or data type the launch asks for (its compute capability is too low)",
@@ -115,7 +119,9 @@ WHAT_IS = {
 ACTIONS = {
     HOST: "Give the host more RAM (a container's memory limit, Ray's memory monitor threshold), or need less of it: "
           "a smaller `--swap-space` / `--cpu-offload-gb`, fewer processes loading weights at once, smaller batches "
-          "of host-side work (logits, images, audio).",
+          "of host-side work (logits, images, audio). Where vLLM's own swap space was full (\"lack of CPU swap "
+          "space\"), a larger `--swap-space` where the host has the RAM, or fewer sequences per request (`n`, "
+          "`best_of`) and a smaller `--max-num-seqs`, so fewer are preempted at once.",
     COLLECTIVE: "Check the communicator's resources: `--shm-size` (or `--ipc=host`) for NCCL's shared memory, free "
                 "ports and interfaces (NCCL_SOCKET_IFNAME / HCCL_IF_IP), NCCL_BUFFSIZE; run with NCCL_DEBUG=INFO "
                 "(ASCEND_GLOBAL_LOG_LEVEL for HCCL) for the failing call.",

@@ -413,6 +413,12 @@ _MARKED = [(c, words, _literal_runs(c.entry)) for c in _COMPILED if c.marks
            and len(words := _literal_words(c.entry)) >= 8]
 """The messages that mark a fact, each with its literal words (8 or more: a shorter one is a phrase) and its long
 literal runs."""
+_TOKEN = re.compile(r"[a-z0-9]+")
+_ANCHORED = tuple(sorted({(" ".join(_TOKEN.findall(anchor.lower())), (key, anchor)) for c in _COMPILED
+                          for key, anchor in c.marks if "…" not in anchor and len(_WORD.findall(anchor.lower())) >= 5}))
+"""Each marking message's anchor, the phrase it was catalogued by (5 words of 3 letters or more, no placeholder), as
+all its words (a "no" included) joined by one blank, with the fact it marks: a line that says that phrase, in any case,
+retells the message."""
 _MARKED_WORDS = frozenset().union(*(words for _, words, _ in _MARKED))
 _FEWEST = min(min(0.8 * len(words) for _, words, _ in _MARKED),
               min(len(its) for _, _, runs in _MARKED for _, its in runs))
@@ -425,24 +431,26 @@ def retyped(line: str) -> list[tuple[str, Any]]:
     four in five of its words but no format matches it: the message retyped by hand, with a typo or without its
     figures ("the model's max seq len (32768) is larger than the maxinum number of tokens that can be stored in KV
     cache"), or cut from the log's prefix; or one literal run of it between two figures, whole ("KV cache is needed,
-    which is larger than the available KV cache memory": the message quoted in part). Only messages and runs of 8
-    words or more: a short one is a phrase, not a message."""
+    which is larger than the available KV cache memory": the message quoted in part); or its anchor, the phrase it is
+    known by, in any case ("received the error no available memory for the cache blocks during allocation",
+    ``_ANCHORED``). Only messages and runs of 8 words or more, and anchors of 5: a shorter one is a phrase, not a
+    message."""
     low = line.lower()
     if "cache" not in low and "memory" not in low:
         return []
+    told = " " + " ".join(_TOKEN.findall(low)) + " "
+    out: list[tuple[str, Any]] = list(dict.fromkeys(m for anchor, m in _ANCHORED if f" {anchor} " in told))
     found = _WORD.findall(low)
+    said = " " + " ".join(found) + " "
     words = _MARKED_WORDS.intersection(found)
     if len(words) < _FEWEST:
-        return []
-    out: list[tuple[str, Any]] = []
-    said = None
+        return out
     for c, literal, runs in _MARKED:
         held = literal & words
         if len(held) < 0.8 * len(literal):
             quoted = [run for run, its in runs if its <= held]  # (a run is checked in order only where its words are)
             if not quoted:
                 continue
-            said = said or " " + " ".join(found) + " "
             if not any(f" {run} " in said for run in quoted):
                 continue
         out += [m for m in c.marks if m not in out]
