@@ -635,6 +635,34 @@ def test_memory_kept_that_is_said_to_grow_is_a_leak_not_an_earlier_engines(growt
     assert t.cause == cause, t.headline
 
 
+def test_a_failure_the_reporter_ties_to_the_utilization_is_one_of_vllms_budget():
+    """vllm-project/vllm#3345 (held-out-15): no error shown, but "when gpu-memory-utilization is 0.2 (10G), it looks ok.
+    set gpu-memory-utilization=0.15, will fail to run": a failure the utilization decides is within vLLM's budget,
+    and the allocation on CUDA is upstream's."""
+    t = triage("how to reduce gpu memory in vllm\n python -m vllm.entrypoints.openai.api_server --model /m/qw7bint4 "
+               "--max-model-len 2046 --gpu-memory-utilization 0.15\nwhen gpu-memory-utilization is 0.2 (10G),  it looks "
+               "ok.  set  gpu-memory-utilization=0.15, will fail to run")
+    assert t.verdict == MATCHES_PLAN, t.headline
+
+
+@pytest.mark.parametrize("text", [
+    "[Bug]:vllm从0.7.0开始版本部署Qwen2_vl服务存在内存(不是GPU显存)泄漏问题",  # vllm-project/vllm#15597 (held-out-15)
+    "服务相关进程内存不会释放，最终打爆服务器内存，导致服务停止",  # its body
+    "the process memory (not GPU memory) keeps growing until the service stops"])
+def test_the_hosts_memory_said_as_not_the_devices_or_the_servers_is_the_hosts(text):
+    t = triage("vllm 0.7.0 Qwen2-VL\n" + text)
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "host-memory"), t.headline
+
+
+def test_a_variable_an_env_file_sets_twice_runs_with_its_last_value():
+    """xusenlinzy/api-for-open-llm#218 (held-out-15): the .env sets TENSOR_PARALLEL_SIZE=2, then TENSOR_PARALLEL_SIZE=1
+    further down; the server runs with 1, on one card (where the thread found the cause). A value set once stands."""
+    env = ("进行如下设置，本地启动会在第一张卡上启动，然后因为显存不足而报\n```\nMODEL_PATH=meta-llama/Llama-2-13b-chat-hf\n"
+           "TENSOR_PARALLEL_SIZE=2\nENGINE=vllm\nDEVICE=cuda\nGPUS=3,4\n{again}DTYPE=half\n```")
+    assert triage(env.format(again="TENSOR_PARALLEL_SIZE=1\n")).deployment["tensor parallel size"].value == 1
+    assert triage(env.format(again="")).deployment["tensor parallel size"].value == 2
+
+
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
     host, and nothing of the device's."""

@@ -699,9 +699,13 @@ def _planned_again(d: Deployment, u: float, values: dict[str, Sourced], inputs: 
 
 
 def _device_ran_out(ev: Evidence) -> bool:
-    """Whether the report shows the device's memory running out, or vLLM refusing for lack of it."""
-    return (ev.first("oom", "kv_capacity_error", "startup_memory_error", "memory_growth", "serving_oom",
-                     "collective_saw_oom") is not None
+    """Whether the report shows the device's memory running out, or vLLM refusing for lack of it (memory said to grow
+    on a line that names it the host's is the host's)."""
+    from kvaudit.triage.failures import HOST
+
+    hosts = {f.line for f in ev.all("outside") if f.value[0] == HOST}
+    return (ev.first("oom", "kv_capacity_error", "startup_memory_error", "serving_oom", "collective_saw_oom") is not None
+            or any(f.line not in hosts for f in ev.all("memory_growth"))
             or any(f.value <= 0 for f in ev.all("available_kv")))
 
 
@@ -817,7 +821,8 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
                f"{fmt_bytes(oom.total)}; {fmt_bytes(outside)} was held outside it, more than any allocator of this "
                "process could account for")
     elif inputs.platform != "ascend" and (_device_ran_out(ev) or ev.first("oom_mentioned") or release_changes(ev)
-                                          or ev.first("memory_question") or ev.first("not_released")):
+                                          or ev.first("memory_question") or ev.first("not_released")
+                                          or ev.first("util_works", "util_fails")):  # (a failure the budget decides)
         where = "on CUDA" if inputs.platform == "cuda" else "with no Ascend marker in the report"
         why = (f"{where} the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
                "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")

@@ -862,8 +862,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                     ev.facts["unread_flag"] = [f for f in ev.facts["unread_flag"] if not f.value.startswith("--config")]
     commands.sort(key=lambda c: c.line)
     _launches(ev, commands, lines)
+    last = _last_assignments(lines, {n for n, _, _ in stated})
     for n, key, value in stated:  # settings stated in sentences, after any launch's (which say what ran)
-        ev.add(key, value, n, lines[n - 1])
+        if last.get(n, n) == n:
+            ev.add(key, value, n, lines[n - 1])
     _named_changes(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
@@ -1222,8 +1224,9 @@ _FLAG_ONLY = re.compile(r"^\s*(?P<rest>--[a-z][\w-]*)\s*$")
 """A line that holds one switch alone: a launch's, where it follows one (``--enforce-eager`` on a line of its own)."""
 _FLAG_AT_END = re.compile(r"\s--?[A-Za-z][\w-]*\s*$")
 """A launch line that ends with a flag: its value is on the next line (a paste wrapped at the terminal's width)."""
-_VALUE_WRAPPED = re.compile(r"(?:[A-Za-z_]\w*[ \t]*[=:：]|--?[A-Za-z][\w-]*)[ \t]*$")
-"""A line that ends with a setting's name or flag, its value on the next line."""
+_VALUE_WRAPPED = re.compile(r"(?:[A-Za-z_]\w*[ \t]*[=:：]|(?<![\w-])--?[A-Za-z][\w-]*)[ \t]*$")
+"""A line that ends with a setting's name or flag (one that begins a word, as in "`--max-model-len": not the "-chat-hf"
+of a model's name), its value on the next line."""
 
 
 def _open_quote(text: str) -> bool:
@@ -1368,6 +1371,21 @@ def _host_package(packages: dict[int, str | None], oom_line: int, reach: int = 8
                     return package, n
                 break
     return None
+
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<k>[A-Za-z_]\w*)=\S*\s*$")
+"""A line that is one shell or ``.env`` assignment, ``NAME=value`` and nothing else."""
+
+
+def _last_assignments(lines: list[str], at: set[int]) -> dict[int, int]:
+    """For each line of ``at`` that assigns a variable (``_ENV_LINE``), the last line of the paste that assigns the same
+    variable: a shell script or ``.env`` file that sets it twice runs with the later value
+    (``TENSOR_PARALLEL_SIZE=2`` ... ``TENSOR_PARALLEL_SIZE=1``: 1)."""
+    names = {n: m["k"] for n in at if (m := _ENV_LINE.match(lines[n - 1]))}
+    if not names:
+        return {}
+    last = {m["k"]: n for n, line in enumerate(lines, start=1) if "=" in line and (m := _ENV_LINE.match(line))}
+    return {n: last[k] for n, k in names.items()}
 
 
 def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:

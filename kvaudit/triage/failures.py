@@ -41,12 +41,15 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
     (HOST, "the host allocator", ("defaultcpuallocator", "errno 12", "bad_alloc", "memoryerror"), re.compile(
         r"DefaultCPUAllocator: (?:can't|not enough memory)|\[Errno 12\] Cannot allocate memory|std::bad_alloc|"
         r"^\s*MemoryError\b|\bMemoryError: Unable to allocate", re.IGNORECASE)),
-    # the reporter naming the host's memory ("system RAM at 100%", "CPU memory runs out", "系统内存不足")
+    # the reporter naming the host's memory ("system RAM at 100%", "CPU memory runs out", "系统内存不足", "打爆服务器内存":
+    # the server's memory blown, "内存(不是GPU显存)泄漏": memory, not the GPU's)
     (HOST, "the host's memory named", ("host ram", "host memory", "system ram", "system memory", "cpu ram", "cpu memory",
-                                  "physical ram", "physical memory", " ram", "ram ", "内存"), re.compile(
+                                  "physical ram", "physical memory", " ram", "ram ", "内存", "memory ("), re.compile(
         r"(?:host|system|cpu|physical)\s+(?:ram|memory)\b.{0,40}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
         r"oom|insufficient|not enough|leak|grow)|\bRAM\b.{0,30}?(?:full|exhaust|run(?:s|ning)? out|ran out|100\s?%|"
-        r"\bOOM\b|leak)|(?:系统|主机|物理|CPU|cpu|host)\s*内存.{0,12}?(?:不足|耗尽|溢出|占满|爆|泄漏|泄露|增长|上涨|打满)",
+        r"\bOOM\b|leak)|(?:系统|主机|服务器|物理|CPU|cpu|host)\s*内存.{0,12}?(?:不足|耗尽|溢出|占满|爆|泄漏|泄露|增长|上涨|打满)|"
+        r"(?:打爆|撑爆|耗尽|占满|吃满)了?(?:系统|主机|服务器|物理|CPU|cpu)内存|"
+        r"(?:内存|\bRAM\b|\bmemory\b)\s*[（(]\s*(?:不是|并非|非|而非|not)\s*(?:the\s+)?(?:GPU|NPU|显存|VRAM|device)",
         re.IGNORECASE)),
     # the host's memory said to grow or leak ("内存（RAM）不自动清理 ... RAM增长到极限值", "Host内存上涨", an RSS that grows)
     (HOST, "the host's memory growing", ("内存", "ram", "rss", "host"), re.compile(
