@@ -124,3 +124,16 @@ def test_deploy_says_which_option_is_bad(options, message):
         assert str(e.value) == message
     else:
         assert str(e.value).startswith(f"--{next(iter(options)).replace('_', '-')} ")
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("deepseek-ai/DeepSeek-R1", ("deepseek-v3", True)),  # R1 is V3's architecture
+    ("DeepSeek-R1-Distill-Qwen-32B", ("qwen2.5-7b", False)),  # its distilled models are their bases' (Qwen2.5, Llama)
+    ("deepseek-r1-qwen-distill-32B", ("qwen2.5-7b", False)),  # xorbitsai/inference#2893 (held-out-16), words swapped
+    ("DeepSeek-R1-Distill-Llama-70B", ("llama-3.1-8b", False)),
+    ("deepseek-r1-distill-phi-4", None),  # a distilled model of a base kvaudit has no preset of is no R1
+])
+def test_a_model_name_finds_its_preset_or_family(name, preset):
+    from kvaudit.model.deployment import preset_for_model
+
+    assert preset_for_model(name) == preset

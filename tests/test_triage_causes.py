@@ -663,6 +663,25 @@ def test_a_variable_an_env_file_sets_twice_runs_with_its_last_value():
     assert triage(env.format(again="")).deployment["tensor parallel size"].value == 2
 
 
+@pytest.mark.parametrize("said, cause", [("启动报错", "unknown"), ("启动报错 CUDA out of memory", "utilization-too-high")])
+def test_a_utilization_near_one_is_the_cause_only_of_an_error_said_to_be_the_devices_memory(said, cause):
+    """vllm-project/vllm#15529 (held-out-16): a launch at 0.99 and "启动报错" (an error at start-up), the error itself a
+    screenshot: the maintainer asked for the log. The utilization alone decides nothing; said to be out of memory, it
+    is the cause."""
+    t = triage("[Usage]: Qwen2.5-VL-32B-Instruct 4卡4090" + said + "\nvllm serve /data/models/Qwen2.5-VL-32B-Instruct "
+               "--tensor-parallel-size 4 --max-model-len 8192 --gpu-memory-utilization 0.99")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, cause), t.headline
+
+
+def test_a_triton_kernel_over_the_gpus_shared_memory_is_no_device_memory_failure():
+    """zai-org/GLM-V#154 (held-out-16): Triton's OutOfResources is one block's on-chip shared memory, not the device's."""
+    t = triage("vllm serve zai-org/GLM-4.5V-FP8 --tensor-parallel-size 4\ntriton.runtime.errors.OutOfResources: out of "
+               "resource: shared memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or `num_stages` "
+               "may help.")
+    assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "not-out-of-memory"), t.headline
+    assert "shared memory of one block" in t.headline and any("Triton kernel" in a for a in t.actions)
+
+
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
     host, and nothing of the device's."""

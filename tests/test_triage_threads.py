@@ -144,7 +144,7 @@ def test_first_held_out_thread_verdict_and_cause(name):
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
                         "held-out-8", "held-out-9", "held-out-10", "held-out-11", "held-out-12", "held-out-13",
-                        "held-out-14", "held-out-15")}
+                        "held-out-14", "held-out-15", "held-out-16")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -225,6 +225,11 @@ MISSED_LATER = {
         "vllm-3345.txt": "works at 0.2, fails at 0.15: which KV refusal is not said",
         "vllm-ascend-3813.txt": "the seed's own over-allocation, but the release is not in the report",
         "xusenlinzy-api-for-open-llm-218.txt": "a 13B model on one card of an unnamed GPU",
+    },
+    "held-out-16": {
+        "vllm-48140.txt": "unified memory's page cache counted as used, its refusal cut from the store's copy",
+        "xorbitsai-inference-2893.txt": "Xinference's one model per card, asked as a question with no error",
+        "xorbitsai-inference-4583.txt": "a rerank model Xinference runs outside vLLM, read as vLLM's memory not freed",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

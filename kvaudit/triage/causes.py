@@ -754,7 +754,9 @@ def _works_lower(c: _Case) -> _Finding | None:
 
 
 def _high_utilization(c: _Case) -> _Finding | None:
-    return _utilization_too_high(c) if c.u >= 0.95 else None
+    if c.u < 0.95 or c.ev.first("oom", "oom_mentioned", "serving_oom", "capture_oom") is None:
+        return None  # (an error that is not said to be the device's memory: the utilization alone decides nothing)
+    return _utilization_too_high(c)
 
 
 def _utilization_too_high(c: _Case) -> _Finding:

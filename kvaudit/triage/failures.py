@@ -91,6 +91,11 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
      re.compile(r"only supported on GPUs with compute capability|requires? compute capability|compute capability "
                 r"(?:of at least|>=)|only supports? Ampere GPUs or newer|(?:does not|doesn't|don't|not) supports? "
                 r"(?:fp8|bf16|bfloat16|sm_?\d{2})\b", re.IGNORECASE)),
+    # a Triton kernel asking more of the GPU's on-chip resources than one block has (triton/runtime/errors.py
+    # OutOfResources: "out of resource: shared memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or
+    # `num_stages` may help."): a kernel's configuration this device cannot run, not its memory
+    (UNSUPPORTED, "a Triton kernel's on-chip resources", ("out of resource", "outofresources"), re.compile(
+        r"OutOfResources|out of resource: (?:shared memory|registers)", re.IGNORECASE)),
     # the Ascend runtime (CANN's rtStreamSynchronize and AI Core errors: "aicore timeout", "The aicore execution
     # times out", error 507014 / 507015; the driver out of streams while ACL graphs are captured: "Alloc sq cq fail",
     # "driver error:resource alloc fail"); torch_npu's "NPU function error: c10_npu::SetDevice(device_id_), error code
@@ -116,7 +121,8 @@ WHAT_IS = {
           "allocation failed, or the CPU swap space vLLM reserves for preempted sequences was full",
     COLLECTIVE: "the collective library (NCCL/HCCL) failed to set up or run its communicators or their shared memory",
     DRIVER: "the driver or the device runtime failed (its version, or the runtime's own error)",
-    UNSUPPORTED: "the device cannot run a kernel or data type the launch asks for (its compute capability is too low)",
+    UNSUPPORTED: "the device cannot run a kernel or data type the launch asks for (its compute capability is too low, "
+                 "or a kernel asks more shared memory of one block than it has)",
 }
 """What the failure is, said plainly."""
 ACTIONS = {
@@ -131,7 +137,9 @@ ACTIONS = {
     DRIVER: "Check the driver and runtime against the wheel: `nvidia-smi` / `npu-smi info` versions, the CUDA or CANN "
             "version the torch build needs, WSL's kernel; upgrade the driver (firmware/HDK on Ascend).",
     UNSUPPORTED: "Choose what the device supports: `--dtype half` on GPUs before compute capability 8.0 (V100, T4), "
-                 "an FP8 or LoRA kernel only on GPUs that have it, or a newer device.",
+                 "an FP8 or LoRA kernel only on GPUs that have it, or a newer device; for a Triton kernel over the "
+                 "device's shared memory, a release whose kernel configurations fit this GPU, or another dtype or "
+                 "quantization that avoids that kernel.",
 }
 
 
