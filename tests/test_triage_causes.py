@@ -682,6 +682,24 @@ def test_a_triton_kernel_over_the_gpus_shared_memory_is_no_device_memory_failure
     assert "shared memory of one block" in t.headline and any("Triton kernel" in a for a in t.actions)
 
 
+def test_a_report_about_the_devices_memory_on_cuda_is_upstreams_allocation_whatever_else_it_lacks():
+    """netease-youdao/QAnything#257 (held-out-14): on an RTX 3060 (CUDA) the reporter says the engine's error asked for
+    a higher utilization, nothing more: the allocator is upstream vLLM's, whatever the cause; a report that speaks of
+    no memory at all is not answered so."""
+    t = triage("[BUG] 纯python环境安装gpu利用率默认参数为0.61导致rtx3060用不起\ngpu内存为12G，llm_engine.py报错增加"
+               "gpu_memory_utilization。被迫去源码手动修改了一下")
+    assert (t.verdict, t.cause) == (MATCHES_PLAN, "unknown"), t.headline
+    assert triage("vllm on an RTX 3060 does not start, please help").verdict != MATCHES_PLAN
+
+
+def test_the_devices_memory_taken_by_the_models_own_weights_is_no_other_process():
+    """vllm-project/vllm#14450 (held-out-3): "the GPU memory occupied by the model weight and activation" names this
+    engine's own terms; "the GPU is already occupied by another model" names another holder."""
+    assert extract(["only the GPU memory occupied by the model weight and activation is considered"]).first(
+        "device_occupied") is None
+    assert extract(["the GPU is already occupied by another model"]).first("device_occupied") is not None
+
+
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
     host, and nothing of the device's."""

@@ -214,7 +214,6 @@ MISSED_LATER = {
         "vllm-1949.txt": "a profile run sized by a 32k max_model_len, the OOM only in the title",
     },
     "held-out-14": {
-        "netease-youdao-QAnything-257.txt": "the failing utilization only in a Chinese title, the fix's in the code",
         "vllm-ascend-14678.txt": "the KV budget and one request's minimum only in prose, bold, beside a PR number",
         "vllm-ascend-14720.txt": "memory growth said with no device named: a leak, but whose memory is not said",
     },

@@ -822,7 +822,8 @@ def _without_plan(ev: Evidence, values: dict[str, Sourced], inputs: _Inputs, evi
                "process could account for")
     elif inputs.platform != "ascend" and (_device_ran_out(ev) or ev.first("oom_mentioned") or release_changes(ev)
                                           or ev.first("memory_question") or ev.first("not_released")
-                                          or ev.first("util_works", "util_fails")):  # (a failure the budget decides)
+                                          or ev.first("util_works", "util_fails")  # (a failure the budget decides)
+                                          or ev.first("device_memory_named")):
         where = "on CUDA" if inputs.platform == "cuda" else "with no Ascend marker in the report"
         why = (f"{where} the allocator is upstream vLLM's, which allocates each tensor of the plan once, whatever the "
                "model (kvaudit measures 1.00× for every family it ships); this model's config would let kvaudit plan it")

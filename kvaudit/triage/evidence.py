@@ -575,7 +575,8 @@ _PROSE_FACTS = [
     ("device_occupied", re.compile(r"\b(?:GPU|NPU|device|card)s?\b[^.\n]{0,40}?\b(?:has|have|is|are|was|were|been|\s)*"
                                    r"(?:already\s+)?(?:occupied|taken|held|in use|used)\s+(?:by|with)\s+(?:a |an |another |"
                                    r"other |the )?(?:vLLM |other |different |second )?(?:model|process|instance|service|"
-                                   r"program|engine|job|container|LLM)|(?:显存|显卡|卡|GPU|NPU)[^。，,\n]{0,10}?被[^。，,\n]{0,10}?"
+                                   r"program|engine|job|container|LLM)\b(?!\s*(?:weights?|parameters|activations?)\b)|"
+                                   r"(?:显存|显卡|卡|GPU|NPU)[^。，,\n]{0,10}?被[^。，,\n]{0,10}?"
                                    r"(?:进程|模型|服务|程序|容器)[^。，,\n]{0,4}?占用", re.IGNORECASE), lambda m: m.group(0),
      (("occupied", "taken by", "taken with", "held by", "held with", "in use by", "in use with", "used by", "used with",
        "占用"),)),
