@@ -363,6 +363,14 @@ def test_where_the_report_shows_no_launch_the_terms_its_settings_decide_are_aske
 
 
 @pytest.mark.parametrize("text, preallocated", [
+    # vllm-project/vllm#4253 (held-out-17): the device's memory as "gpu ram"
+    ("[Usage]: Why 0.5B model requires 21G gpu ram ?\nI fine-tuned a 0.5B model based on Qwen 0.5B.", True),
+    # vllm-project/vllm#7155 (held-out-17): the reservation stated, not asked about
+    ("[Performance]: max_model_len argument to LLM class does not limit GPU utilization.\nCurrently, vLLM allocates all "
+     "available GPU memory after loading model weights, regardless of the max_model_len setting.", True),
+    # the same comparison with Hugging Face vllm#10357 makes, its figures in one sentence
+    ("Qwen2-VL-7B takes only 18Gb when run by using huggingface code, but the same model takes 38 GB GPU memory with "
+     "vLLM", True),
     # vllm-project/vllm#355 (held-out-14): "requires much more memory", a question in its title
     ("Why using LLM class to load models requires much more memory than using huggingface from_pretrained method?\nI "
      "tried the code `llm = LLM(model=\"facebook/opt-125m\")` on a single T4", True),

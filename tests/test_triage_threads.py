@@ -144,7 +144,8 @@ def test_first_held_out_thread_verdict_and_cause(name):
 LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
                         "held-out-8", "held-out-9", "held-out-10", "held-out-11", "held-out-12", "held-out-13",
-                        "held-out-14", "held-out-15", "held-out-16")}
+                        "held-out-14", "held-out-15", "held-out-16",
+                        "held-out-17")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -229,6 +230,12 @@ MISSED_LATER = {
         "vllm-48140.txt": "unified memory's page cache counted as used, its refusal cut from the store's copy",
         "xorbitsai-inference-2893.txt": "Xinference's one model per card, asked as a question with no error",
         "xorbitsai-inference-4583.txt": "a rerank model Xinference runs outside vLLM, read as vLLM's memory not freed",
+    },
+    "held-out-17": {
+        "gpustack-gpustack-313.txt": "a platform's default max_model_len over the model's own limit, no memory error",
+        "lm-sys-FastChat-2771.txt": "FastChat's --num-gpus (its TP) for a 34B model, the error not in the report",
+        "modal-labs-modal-examples-843.txt": "an example's deliberately small max_model_len, nothing failed",
+        "vllm-17979.txt": "a second instance named where the refusal is cut: too weak alone to conclude",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

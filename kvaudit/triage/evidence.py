@@ -433,11 +433,17 @@ _MEMORY_QUESTION = re.compile(r"(?:(?:gpu|npu|device|vram|cuda|video)[ \t]+memor
                               r"footprint)).{0,80}?(?:\?|？|\bnormal\b|\bexpected\b|为什么|正常吗|[吗呢](?=\s*(?:[。！!]|$)))|(?:question|why|为什么|是否正常)"
                               r".{0,100}?(?:(?:gpu|npu|device|vram|video)[ \t]+memory|\bvram\b|显存|memory (?:usage|consumption))|"
                               r"\b(?:why|how come)\b[^?\n]{0,80}?\b(?:consum\w*|uses?|using|takes?|taking|occup\w*|"
-                              r"reserv\w*|allocat\w*|requir\w*|needs?|costs?)\b[^?\n]{0,40}?\bmemory\b[^?\n]{0,60}\?",
+                              r"reserv\w*|allocat\w*|requir\w*|needs?|costs?)\b[^?\n]{0,40}?\b(?:memory|gpu ram|vram)\b[^?\n]{0,60}"
+                              r"\?|\b(?:allocat\w*|reserv\w*|takes?|occup\w*|uses?|consum\w*)\s+(?:all|most|\d+\s*%\s*of)\s+(?:of\s+)?"
+                              r"(?:(?:the|available|free)\s+)*(?:gpu|device|npu|cuda)\s+memory|"
+                              r"^(?=[^\n]{0,300}?(?:huggingface|transformers|\bHF\b))(?=[^\n]{0,300}?\bvllm\b)[^\n]{0,150}?"
+                              r"\b\d+(?:\.\d+)?\s*G(?:i?B|b)?\b[^\n]{0,150}?\b\d+(?:\.\d+)?\s*G(?:i?B|b)?\b",
                               re.IGNORECASE)
 """The reporter asking about device memory use, with no failure ("why does vLLM take 90 % of the GPU memory?", "Why
 vLLM - GPTQ deployment consumes high memory?", "Why using LLM class to load models requires much more memory than
-using huggingface from_pretrained method?")."""
+using huggingface from_pretrained method?"), or stating it against what it expected ("vLLM allocates all available GPU
+memory after loading model weights"; "takes only 18Gb when run by using hugggingface code, but the same model takes 38 GB
+GPU memory with VLM")."""
 _SERVING_OOM = re.compile(r"(?:requests?|inputs?|prompts?|concurren\w*|stress test|load test|benchmark\w*|long context|"
                           r"long (?:input|prompt|text)s?|while serving|during (?:inference|serving)|压测|并发|请求|推理时|长文本)"
                           r"[^.\n]{0,60}?(?:\boom\b|out of memory|显存不足|爆显存)|"
@@ -1094,7 +1100,8 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
         f"{i}d" for i in range(1, 10)),)),
     ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
                                             "video memory", "memory usage", "memory consumption", "memory footprint",
-                                            "显存", "memory?", "memory ?", "more memory", "much memory"),)),
+                                            "显存", "memory?", "memory ?", "more memory", "much memory", "gpu ram",
+                                            "huggingface", "transformers", "hf "),)),
     ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "tp ", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
