@@ -270,6 +270,9 @@ _WRAPPER_CALL = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\((?=[^()\n]*\b(?:gpu_memo
 """A call of another library's class or function that passes vLLM's own engine arguments on (``Bonito("org/model",
 gpu_memory_utilization=0.9)``, a trainer's ``Rollout(..., tensor_parallel_size=2)``): a launch of vLLM through it, read
 as ``LLM(...)`` is (its first argument the model)."""
+_WRAPPER_WORDS = ("utilization", "parallel_size", "max_model_len", "max_num_", "kv_cache_dtype", "enforce_eager",
+                  "cpu_offload_gb", "swap_space")
+"""Words one of which ``_WRAPPER_CALL``'s keywords hold, looked for first."""
 _LLM_ENGINE = re.compile(r"(?<![\w.])LLM\(")
 """An offline engine constructed (``llm = LLM(model=...)``): each holds its own device memory until it is freed."""
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
@@ -788,8 +791,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
                                                    rest=rest, last=k)
             elif launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k), rest, k))
-        elif frame is None and (("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) or "_" in low
-                                and "(" in low and (m := _WRAPPER_CALL.search(line))):
+        elif frame is None and (("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) or "=" in low
+                                and "(" in low and any(w in low for w in _WRAPPER_WORDS)
+                                and (m := _WRAPPER_CALL.search(line))):
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
                     and not _FRAME.search(lines[k]) and not _TRACEBACK.search(lines[k]):
@@ -1101,7 +1105,7 @@ _PROSE_FACTS_RX: tuple[tuple[str, re.Pattern, tuple[tuple[str, ...], ...]], ...]
     ("memory_question", _MEMORY_QUESTION, (("gpu memory", "npu memory", "device memory", "vram", "cuda memory",
                                             "video memory", "memory usage", "memory consumption", "memory footprint",
                                             "显存", "memory?", "memory ?", "more memory", "much memory", "gpu ram",
-                                            "huggingface", "transformers", "hf "),)),
+                                            "huggingface", " hf "),)),
     ("tp_prose", _TP_PROSE, (("tp=", "tp:", "tp :", "tp =", "tp：", "tp\t", "tp ", "parallel"),)),
     ("model_mention", _SIZED_MODEL, ()),  # (its lines: those with a size, ``_SIZE_HINT``)
     ("memory_growth", _GROWTH, (_GROWTH_WORDS,)),
