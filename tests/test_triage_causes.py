@@ -708,6 +708,14 @@ def test_the_devices_memory_taken_by_the_models_own_weights_is_no_other_process(
     assert extract(["the GPU is already occupied by another model"]).first("device_occupied") is not None
 
 
+def test_a_sentence_that_begins_with_a_flag_names_no_model():
+    """instructlab/instructlab#1773 (held-out-18): its title "--max-ctx-size does not take effect when serve model with
+    vllm" is a sentence, not a launch: a word of it left over as the positional model ("not") is no model; flags alone
+    with a Hub id or a path still name one."""
+    assert extract(["--max-ctx-size does not take effect when serve model with vllm"]).first("model") is None
+    assert extract(["--max-model-len 4096 Qwen/Qwen2.5-7B-Instruct"]).first("model") is not None
+
+
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():
     """vllm-project/vllm-ascend#3454 (held-out-10): "一行代码开1T cpu内存": memory taken (开, allocate, exceed) on the
     host, and nothing of the device's."""

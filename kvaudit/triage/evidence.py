@@ -785,6 +785,9 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             launch = _launch(expand(rest, variables), m.re is _ARGS_VAR)
             if m.re is _FLAGS_LINE and any(_WORD_REFUSED.search(u) for u in launch.unread):
                 launch = Launch((), (), launch.parser)  # a sentence that begins with a flag: "--max-model-len set to 512"
+            elif m.re is _FLAGS_LINE and any(k == "model" and not _names_model(v) for k, v in launch.facts):
+                launch = Launch((), (), launch.parser)  # a word of a sentence left over as the positional model:
+                # "--max-ctx-size does not take effect ..." (flags alone name a model only by --model, a Hub id or path)
             _read_launch(ev, n, line, launch)
             if wraps:
                 commands[-1] = dataclasses.replace(commands[-1], facts=list(launch.facts) or commands[-1].facts,
@@ -1383,6 +1386,12 @@ def _host_package(packages: dict[int, str | None], oom_line: int, reach: int = 8
                     return package, n
                 break
     return None
+
+
+def _names_model(value: Any) -> bool:
+    """Whether a launch's model reads as one vLLM takes: a Hub id or a path, not a word of prose."""
+    text = str(value)
+    return is_hub_id(text) or text.startswith(("/", "~", "./", "../")) or "/" in text
 
 
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<k>[A-Za-z_]\w*)=\S*\s*$")
