@@ -153,8 +153,10 @@ def test_evidence_lists_at_most_twelve_flags_the_parser_did_not_take():
 
 
 def test_a_non_memory_error_is_plan_not_involved():  # the contrast of the zero budget above
-    t = triage("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    t = triage("vllm serve Qwen/Qwen2.5-Omni-7B\nAttributeError: 'tuple' object has no attribute 'ndim'\nRuntimeError: "
+               "Engine core initialization failed. See root cause above. Failed core proc(s): {}")
     assert (t.verdict, t.cause) == (PLAN_NOT_INVOLVED, "not-out-of-memory")
+    assert "'tuple' object has no attribute 'ndim'" in t.headline  # (the error, not the line that points at it)
 
 
 def _reconstruct(text: str, config: str | None = None):
@@ -714,6 +716,17 @@ def test_a_sentence_that_begins_with_a_flag_names_no_model():
     with a Hub id or a path still name one."""
     assert extract(["--max-ctx-size does not take effect when serve model with vllm"]).first("model") is None
     assert extract(["--max-model-len 4096 Qwen/Qwen2.5-7B-Instruct"]).first("model") is not None
+
+
+def test_an_error_that_only_points_at_its_root_cause_is_not_the_error():
+    """SergiioB/intel-arc-pro-b70-inference-cookbook#4 (held-out-19): the store kept vLLM's "Engine core initialization
+    failed. See root cause above." and cut the refusal above it: that line is no error of its own, so the answer is not
+    "no memory error"; Triton's "type fp8e4nv not supported in this architecture" (vllm#17581) is one."""
+    pointer = ("vllm serve Qwen/Qwen3-8B --max-model-len 32768\n(APIServer pid=1) RuntimeError: Engine core "
+               "initialization failed. See root cause above. Failed core proc(s): {}")
+    assert triage(pointer).cause != "not-out-of-memory"
+    fp8 = "[Bug]: Qwen3 FP8 on 0.8.5: type fp8e4nv not supported in this architecture.\n" + pointer
+    assert (triage(fp8).verdict, triage(fp8).cause) == (PLAN_NOT_INVOLVED, "not-out-of-memory")
 
 
 def test_the_hosts_memory_taken_by_one_line_of_code_is_the_hosts_memory():

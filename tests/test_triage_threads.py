@@ -145,7 +145,7 @@ LATER = {folder: ROOT / "fixtures" / "reports" / folder
          for folder in ("held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6", "held-out-7",
                         "held-out-8", "held-out-9", "held-out-10", "held-out-11", "held-out-12", "held-out-13",
                         "held-out-14", "held-out-15", "held-out-16",
-                        "held-out-17", "held-out-18")}
+                        "held-out-17", "held-out-18", "held-out-19")}
 """The held-out sets collected after held-out-1, each measured once with the code frozen (their README says when), then
 studied: their scores are bench/triage_threads.py's; here what must hold on every real report, and each verdict."""
 MISSED_LATER = {
@@ -237,12 +237,15 @@ MISSED_LATER = {
         "modal-labs-modal-examples-843.txt": "an example's deliberately small max_model_len, nothing failed",
         "vllm-17979.txt": "a second instance named where the refusal is cut: too weak alone to conclude",
     },
-    "held-out-18": {  # (measured once at fd54538, not developed on)
+    "held-out-18": {  # (measured once at fd54538; one reading taken from it)
         "SemiAnalysisAI-InferenceX-1587.txt": "the refusal cut from the store's copy",
         "bentoml-OpenLLM-1003.txt": "a release's graph default read as the change; the thread puts it on graph capture",
         "huggingface-trl-3088.txt": "the trainer's device for vLLM chosen by a setting the report does not show",
         "instructlab-instructlab-1773.txt": "the refusal in the middle of a log the store cut",
         "vllm-10345.txt": "a 14B model on one GPU, OOM while serving; the thread says quantize the weights",
+    },
+    "held-out-19": {
+        "SergiioB-intel-arc-pro-b70-inference-cookbook-4.txt": "the refusal's figures cut from the store's copy",
     },
 }
 """Later held-out threads triage misses (bench/triage_threads.py); strict, so a fix or a regression shows."""

@@ -714,6 +714,11 @@ _SPEAKS_OF_MEMORY = re.compile(r"\ballocat\w*|\bOOM\b|out of memory|\bfree memor
 """An error whose own message speaks of memory running short ("... therefore cannot allocate GPU memory for a new
 model", "Free memory on device ... on startup"): never "no memory error", whatever else the report lacks ("an illegal
 memory access" is no shortage)."""
+_DEFERS = re.compile(r"See root cause above|See stack trace (?:\(above\) )?for the root cause", re.IGNORECASE)
+"""vLLM's errors that only point at another ("Engine core initialization failed. See root cause above.", "EngineCore
+encountered an issue. See stack trace (above) for the root cause.": vllm/v1/engine/utils.py, core_client.py): not the
+error itself, which a report that cut it does not show (a worker's "failed with error X, please check the stack trace
+above" carries its own)."""
 _USE = re.compile(r"占用|usage|\bused\b|consum|occup|leak|泄|增长|\bgrow|allocat|exceed|分配|申请|超出|超过|开了?\s*\d",
                   re.IGNORECASE)
 """A line that says how much of a memory is used or taken, or that it grows ("宿主机RAM占用过高", "一行代码开1T cpu内存"),
@@ -783,7 +788,8 @@ def _outside(ev: Evidence, values: dict[str, Sourced], evidence: list[str]) -> T
     elif title is not None and blames_driver(title.value) and not changed:
         kind, f = DRIVER, title
         cause_text = f"the reporter suspects the driver ({where(title, 140)}) and no line shows the device running out"
-    elif (errors := [e for e in errors if not _SPEAKS_OF_MEMORY.search(e.text)]) and ev.first("oom_mentioned") is None \
+    elif (errors := [e for e in errors if not _SPEAKS_OF_MEMORY.search(e.text) and not _DEFERS.search(e.text)]) \
+            and ev.first("oom_mentioned") is None \
             and not changed:
         kind, f = "not-out-of-memory", errors[-1]
         cause_text = f"the error is no memory error: {where(f, 160)}"

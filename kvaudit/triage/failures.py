@@ -86,11 +86,13 @@ WORDINGS: tuple[tuple[str, str, tuple[str, ...], re.Pattern], ...] = (
         r"(?:can ?not|can't|cannot|unable to|fails? to|no longer) (?:do |use |enable )?p2p\b", re.IGNORECASE)),
     # a device too old for a kernel or data type: vllm/config.py's "Bfloat16 is only supported on GPUs with compute
     # capability of at least 8.0", "... requires compute capability >= 8.0", FlashAttention's "only supports Ampere
-    # GPUs or newer", "does not support fp8" / "doesn't support sm75"
-    (UNSUPPORTED, "the device's compute capability", ("compute capability", "ampere", "support fp8", "support sm"),
+    # GPUs or newer", "does not support fp8" / "doesn't support sm75", Triton's "type fp8e4nv not supported in this
+    # architecture"
+    (UNSUPPORTED, "the device's compute capability", ("compute capability", "ampere", "support fp8", "support sm",
+                                                           "supported in this architecture"),
      re.compile(r"only supported on GPUs with compute capability|requires? compute capability|compute capability "
                 r"(?:of at least|>=)|only supports? Ampere GPUs or newer|(?:does not|doesn't|don't|not) supports? "
-                r"(?:fp8|bf16|bfloat16|sm_?\d{2})\b", re.IGNORECASE)),
+                r"(?:fp8|bf16|bfloat16|sm_?\d{2})\b|type fp8\w* not supported in this architecture", re.IGNORECASE)),
     # a Triton kernel asking more of the GPU's on-chip resources than one block has (triton/runtime/errors.py
     # OutOfResources: "out of resource: shared memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or
     # `num_stages` may help."): a kernel's configuration this device cannot run, not its memory
