@@ -264,15 +264,15 @@ _ARGS_VAR = re.compile(r"""^\s*(?:[-*]\s*)?(?:export\s+|(?:-e|--env)\s+)?[A-Z][A
 """An argument list in an environment variable (``VLLM_ARGS="--gpu-memory-utilization=0.4 ..."``, a compose file's
 ``- VLLM_ARGS=...``)."""
 _LLM_CALL = re.compile(r"\b(?:LLM|AsyncEngineArgs|EngineArgs)\(")
-_WRAPPER_CALL = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\((?=[^()\n]*\b(?:gpu_memory_utilization|tensor_parallel_size|"
-                           r"pipeline_parallel_size|max_model_len|max_num_seqs|max_num_batched_tokens|kv_cache_dtype|"
-                           r"enforce_eager|cpu_offload_gb|swap_space)\s*=)")
+_WRAPPER_KEYWORDS = ("gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                     "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "enforce_eager", "cpu_offload_gb",
+                     "swap_space")
+"""vLLM's own engine arguments (``EngineArgs`` fields) that mark a call as handing them on to vLLM; a line holds one of
+them before ``_WRAPPER_CALL`` is tried."""
+_WRAPPER_CALL = re.compile(rf"(?<![\w.])[A-Za-z_][\w.]*\((?=[^()\n]*\b(?:{'|'.join(_WRAPPER_KEYWORDS)})\s*=)")
 """A call of another library's class or function that passes vLLM's own engine arguments on (``Bonito("org/model",
 gpu_memory_utilization=0.9)``, a trainer's ``Rollout(..., tensor_parallel_size=2)``): a launch of vLLM through it, read
 as ``LLM(...)`` is (its first argument the model)."""
-_WRAPPER_WORDS = ("utilization", "parallel_size", "max_model_len", "max_num_", "kv_cache_dtype", "enforce_eager",
-                  "cpu_offload_gb", "swap_space")
-"""Words one of which ``_WRAPPER_CALL``'s keywords hold, looked for first."""
 _LLM_ENGINE = re.compile(r"(?<![\w.])LLM\(")
 """An offline engine constructed (``llm = LLM(model=...)``): each holds its own device memory until it is freed."""
 _ASSIGN = re.compile(r"""^\s*(?:[$#>]\s*)?(?:export\s+)?(?P<k>[A-Za-z_]\w*)\s*=\s*"""
@@ -795,7 +795,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             elif launch.facts:
                 commands.append(_Command(n, line, list(launch.facts), _outcome(lines, n, k), rest, k))
         elif frame is None and (("llm(" in low or "engineargs(" in low) and (m := _LLM_CALL.search(line)) or "=" in low
-                                and "(" in low and any(w in low for w in _WRAPPER_WORDS)
+                                and "(" in low and any(w in low for w in _WRAPPER_KEYWORDS)
                                 and (m := _WRAPPER_CALL.search(line))):
             call, k = line[m.start():], n
             while call.count("(") > call.count(")") and k < len(lines) and k < n + 30 \
@@ -1389,9 +1389,10 @@ def _host_package(packages: dict[int, str | None], oom_line: int, reach: int = 8
 
 
 def _names_model(value: Any) -> bool:
-    """Whether a launch's model reads as one vLLM takes: a Hub id or a path, not a word of prose."""
+    """Whether a launch's model reads as one vLLM takes, not a word of prose: a Hub id (``org/name``) or a path (a
+    ``/`` in it, or ``~``)."""
     text = str(value)
-    return is_hub_id(text) or text.startswith(("/", "~", "./", "../")) or "/" in text
+    return "/" in text or text.startswith("~")
 
 
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?(?P<k>[A-Za-z_]\w*)=\S*\s*$")

@@ -419,7 +419,7 @@ _ANCHORED = tuple(sorted({(" ".join(_TOKEN.findall(anchor.lower())), (key, ancho
 """Each marking message's anchor, the phrase it was catalogued by (5 words of 3 letters or more, no placeholder), as
 all its words (a "no" included) joined by one blank, with the fact it marks: a line that says that phrase, in any case,
 retells the message."""
-_ANCHOR_WORDS = tuple({max(anchor.split(), key=len) for anchor, _ in _ANCHORED})
+_ANCHOR_WORDS = tuple(sorted({max(anchor.split(), key=len) for anchor, _ in _ANCHORED}))
 """The longest word of each anchor, looked for first."""
 _MARKED_WORDS = frozenset().union(*(words for _, words, _ in _MARKED))
 _FEWEST = min(min(0.8 * len(words) for _, words, _ in _MARKED),
@@ -445,10 +445,10 @@ def retyped(line: str) -> list[tuple[str, Any]]:
         told = " " + " ".join(_TOKEN.findall(low)) + " "
         out = list(dict.fromkeys(m for anchor, m in _ANCHORED if f" {anchor} " in told))
     found = _WORD.findall(low)
-    said = " " + " ".join(found) + " "
     words = _MARKED_WORDS.intersection(found)
     if len(words) < _FEWEST:
         return out
+    said = " " + " ".join(found) + " "
     for c, literal, runs in _MARKED:
         held = literal & words
         if len(held) < 0.8 * len(literal):
