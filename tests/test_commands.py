@@ -363,3 +363,13 @@ def test_a_devices_size_stated_with_its_noun_is_read_and_an_amount_of_memory_is_
     assert sizes("held-out-5/vllm-42049.txt", 6) == [24, 24]  # the RTX 4090's and the sentence's; not the 23 in use
     assert sizes("threads/vllm-ascend-89.txt", 5) == []  # "the weights ... only occupy 14GB NPU memory"
     assert _facts("running it on a 32GB vNPU")["device_nominal_gb"] == [32]  # (issue 32's own example)
+
+
+@needs_parser
+def test_what_the_parser_refused_reads_the_same_on_every_run():
+    """vllm-project/vllm#15529 (held-out-16): ``--limit-mm-per-prompt image=2`` is refused by vLLM 0.33's parser with
+    argparse's "cannot be converted to <function loads at 0x...>": the address, which differs from run to run, is not
+    kept, so a report's evidence is the same each time."""
+    refused = [u for u in _launch("--limit-mm-per-prompt image=2 --max-model-len 8192")["unread"]
+               if u.startswith("--limit-mm-per-prompt")]
+    assert refused and "<function loads>" in refused[0] and " at 0x" not in refused[0]

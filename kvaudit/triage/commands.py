@@ -212,11 +212,11 @@ def _parse(p: Any, words: list[str]) -> Launch:
         except _Refused as e:
             bad = _refused_flag(str(e), words)
             if bad is None:
-                return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({e})",), p.label)
-            unread.append(f"{' '.join(words[bad[0]:bad[1]])} ({str(e)[:100]})")
+                return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({_said(e)})",), p.label)
+            unread.append(f"{' '.join(words[bad[0]:bad[1]])} ({_said(e)[:100]})")
             del words[bad[0]:bad[1]]
         except Exception as e:  # noqa: BLE001 - vLLM's own validation of a value (a JSON flag that is no JSON)
-            return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({type(e).__name__}: {e})",), p.label)
+            return Launch((), tuple(unread) + (f"{' '.join(words)[:120]} ({type(e).__name__}: {_said(e)})",), p.label)
     else:
         return Launch((), tuple(unread), p.label)
     extra = list(getattr(p, "extra", []))
@@ -475,6 +475,15 @@ def _closing(text: str) -> list[int]:
                 out.append(i + 1)
                 break
     return out
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
+
+
+def _said(e: BaseException) -> str:
+    """What the parser said, without the memory address of the function it names (argparse's "cannot be converted to
+    <function loads at 0x7f8c...>" differs from run to run): a report reads the same every time."""
+    return _ADDRESS.sub("", str(e))
 
 
 def read_call(text: str, variables: dict[str, str]) -> Launch:
