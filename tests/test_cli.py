@@ -52,6 +52,8 @@ BAD_INPUT = [
     (["qwen3-next", "--tp", "3"], "must be divisible by tensor parallel size (3)"),
     (["qwen3-next", "--device-memory=-5GiB"], "must be positive"),
     (["qwen3-next", "--device-memory", "0"], "must be positive"),
+    (["qwen3-next", "--device-memory", "80GiB"], "--device-memory 80GiB gives a size but not the kind of device, whose "
+     "rules plan it: add --device (Ascend: atlas-a2-64g, atlas-a2-32g; CUDA: h100-80g, a100-80g"),
     (["qwen3-next", "--kv-cache-memory", "1MiB"], "planner refused"),
     (["qwen3-next", "--util", "0.5"], "no memory left for the KV cache"),
     (["qwen3-next", "--num-blocks", "0"], "--num-blocks must be at least 1"),

@@ -137,3 +137,29 @@ def test_a_model_name_finds_its_preset_or_family(name, preset):
     from kvaudit.model.deployment import preset_for_model
 
     assert preset_for_model(name) == preset
+
+
+def test_device_memory_given_keeps_the_kinds_platform_and_rules():
+    """``--device-memory`` replaces a kind's memory, never its platform: an L40S of 40 GiB is planned by CUDA's
+    rules, its size shown as given (not as the kind's), where the unknown kind "custom" once planned by Ascend's."""
+    from kvaudit.plan.planner import deploy
+
+    spec = load_preset_spec(get_preset("llama-3.1-8b"))
+    d = deploy(spec, None, {"device": "l40s-48g", "device_memory": "40GiB", "max_model_len": 4096})
+    assert (d.device, d.platform, d.device_memory_bytes, d.device_memory_given) == ("l40s-48g", "cuda", 40 * GiB, True)
+    own = deploy(spec, None, {"device": "l40s-48g", "max_model_len": 4096})
+    assert (own.device_memory_bytes, own.device_memory_given) == (DEVICES["l40s-48g"].memory_bytes, False)
+    with pytest.raises(UsageError, match=r"unknown --device 'custom': Ascend: atlas-a2-64g, atlas-a2-32g; CUDA: .*l40s-48g"):
+        make_deployment(spec, tp=1, gpu_memory_utilization=0.9, max_model_len=4096, device="custom",
+                        device_memory_bytes=40 * GiB)
+
+
+@pytest.mark.parametrize("device, tier", [("gb10-128g", 2048), ("rtx-pro-6000-96g", 8192), ("l40s-48g", 2048)])
+def test_batch_defaults_follow_the_device_kind_as_vllm_reads_it(device, tier):
+    """vLLM's ``EngineArgs.get_batch_defaults`` for ``vllm serve``: 8,192 batched tokens on a device of 70 GiB or
+    more, except a GB10 (DGX Spark, capability 12.1: vLLM asks ``is_device_capability((12, 1))``), which keeps the
+    small tier's 2,048 though its 121.69 GiB is more than 70."""
+    d = make_deployment(load_preset_spec(get_preset("llama-3.1-8b")), tp=1, gpu_memory_utilization=0.9,
+                        max_model_len=4096, device=device)
+    assert d.max_num_batched_tokens == tier and d.platform == "cuda"
+

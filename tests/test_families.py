@@ -189,6 +189,34 @@ def test_4_and_8_bit_checkpoints_are_weighed_as_such(quant, bits):
     assert d.weights_bytes < 0.6 * deployment("qwen3-8b").weights_bytes
 
 
+@pytest.mark.parametrize("quantization", ["fp8", "fp8_per_block"])
+def test_online_quantization_weighs_the_weights_vllm_quantizes_after_loading(quantization):
+    """``--quantization fp8`` on Qwen3-8B's bf16 checkpoint: vLLM's online methods create the checkpoint's bf16
+    parameters and quantize them in ``process_weights_after_loading`` (vllm/model_executor/layers/quantization/
+    online/fp8.py); kvaudit runs that step on meta, so the linear weights weigh 1 byte (+ scales) and the
+    embeddings and LM head stay bf16, never the 16-bit weights the option would otherwise leave unchanged."""
+    _primary_or()
+    c = _config("qwen3-8b")
+    h, n, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    linear = n * (h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * inter)
+    expected = 2 * vocab * h * 2 + linear  # bf16 embedding and LM head, FP8 linear weights
+    d = deployment("qwen3-8b", quantization=quantization)
+    assert expected <= d.weights_bytes <= expected * 1.01  # scales, norms
+    assert "quantized after loading by Fp8Per" in d.weights_source
+
+
+def test_online_quantization_that_cannot_finish_here_is_refused_not_weighed_in_16_bits():
+    """An online-quantized MoE (Qwen3-30B-A3B, ``--quantization fp8``): the expert kernel's repacking after loading
+    needs a kernel this lean vLLM lacks, so the deployment is refused in one line that says what to give instead."""
+    _primary_or()
+    from kvaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"vLLM quantizes the weights online \(Fp8PerTensorOnlineMoEMethod, layer "
+                                          r"model\.layers\.0\.mlp\.experts.* give the loaded weights with --weights"):
+        deployment("qwen3-30b-a3b", quantization="fp8")
+
+
 def test_auto_dtype_follows_vllm_for_float32_configs(tmp_path):
     cfg = json.loads((fixtures_dir() / "llama-3.1-8b" / "config.json").read_text())
     cfg["torch_dtype"] = "float32"

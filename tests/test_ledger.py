@@ -23,7 +23,8 @@ def _facts(path: str):
 
 def _deployment(**kw):
     """What the ledger reads of a ``Deployment`` (its fields and ``kv_budget_bytes``), without planning one."""
-    d = dict(device="h100-80g", device_memory_bytes=80 * GiB, gpu_memory_utilization=0.9, weights_bytes=60 * GiB,
+    d = dict(device="h100-80g", device_memory_bytes=80 * GiB, device_memory_given=False, gpu_memory_utilization=0.9,
+             weights_bytes=60 * GiB,
              weights_source="the model", max_model_len=8192,
              overhead_terms=(Term("peak_activation", 2 * GiB, "profile"), Term("non_torch", GiB, "nccl"),
                              Term("cuda_graphs", GiB // 2, "graphs", budgeted=False)))

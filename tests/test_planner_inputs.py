@@ -16,7 +16,7 @@ import pytest
 from kvaudit.errors import ConfigError
 from kvaudit.plan import planner
 from kvaudit.model import vllm_model
-from conftest import deployment
+from conftest import deployment, skip_unless_planned
 
 pytestmark = pytest.mark.fast
 
@@ -203,3 +203,31 @@ def test_a_hybrid_rule_without_an_attention_layer_says_so():
     with pytest.raises(ConfigError) as e:
         planner._attn_page_1_token({})
     assert str(e.value) == "the model has no attention layer to align the hybrid block size to"
+
+
+def test_a_sliding_window_request_reserves_the_batches_in_flight_its_release_did():
+    """gpt-oss-120b at TP 2 (18 sliding-window layers of 128 tokens, 8 KV heads of 64): from vLLM 0.26 a request
+    reserves ``window − 1 + max_in_flight_tokens`` per sliding layer (two batches of ``max_num_batched_tokens`` under
+    async scheduling), up to 0.25 ``window − 1 + max_num_batched_tokens`` (each release's
+    ``SlidingWindowSpec.max_admission_blocks_per_request``): one batch of blocks fewer per sliding layer, plus the
+    block the window may straddle in both."""
+    from kvaudit.model.deployment import PRESETS, fixtures_dir, load_preset_spec
+
+    skip_unless_planned()
+    from kvaudit.plan.capacity import capacity
+
+    c = json.loads((fixtures_dir() / PRESETS["gpt-oss-120b"].config / "config.json").read_text())
+    sliding, window = c["layer_types"].count("sliding_attention"), c["sliding_window"]
+    spec = load_preset_spec(PRESETS["gpt-oss-120b"])
+    need, batched, tokens = {}, {}, {}
+    for release in ("0.25.0", "0.26.0"):
+        d = planner.make_deployment(spec, tp=2, gpu_memory_utilization=0.9, max_model_len=32768, device="h100-80g",
+                                    kv_cache_memory_bytes=40 << 30, vllm_release=release)
+        need[release], batched[release] = planner.request_need(d).bytes, d.max_num_batched_tokens
+        tokens[release] = capacity(planner.build_plan(d, "cuda")).tokens
+    block, page = 16, 16 * (c["num_key_value_heads"] // 2) * c["head_dim"] * 2 * 2  # K and V, bf16
+    b = batched["0.26.0"]
+    assert batched["0.25.0"] == b == 8192  # vllm serve on an H100
+    one, two = -(-(window - 1 + b) // block) + 1, -(-(window - 1 + 2 * b) // block) + 1
+    assert need["0.26.0"] - need["0.25.0"] == sliding * (two - one) * page
+    assert tokens["0.25.0"] > 1.15 * tokens["0.26.0"]  # a request takes fewer blocks: more fit the same pool

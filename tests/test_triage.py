@@ -690,3 +690,19 @@ def test_settings_a_paste_wraps_or_words_its_own_way_are_read(text, key, value):
 def test_a_model_is_stated_as_a_hub_id_or_a_path_not_as_a_word(text):
     ev = extract(clean_lines(text))
     assert ev.value("model") is None and ev.value("model_prose") is None
+
+
+@pytest.mark.parametrize("printed, snapped", [("95.01", "rtx-pro-6000-96g"), ("94.97", None), ("47.53", None),
+                                              ("184.31", "gb200-186g")])
+def test_a_total_printed_by_torch_is_a_device_kinds_only_where_it_prints_that_kinds_figure(printed, snapped):
+    """torch rounds the total to 0.01 GiB: a figure equal to a kind's (95.01: an RTX PRO 6000) is that kind's exact
+    bytes; a neighbour's (94.97, another driver's total; 47.53 beside the A6000's 47.54) stays the report's own."""
+    from kvaudit.model.deployment import DEVICES
+    from kvaudit.triage.conclude import _device_memory
+
+    ev = extract(clean_lines(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+                             f"total capacity of {printed} GiB of which 1.00 MiB is free.\n"))
+    got = _device_memory(ev, "cuda")
+    want = DEVICES[snapped].memory_bytes if snapped else round(float(printed) * GiB)
+    assert abs(got.value - want) < 1 << 20 and (snapped or "→" not in got.source)
+    assert snapped is None or got.source.endswith(f"→ {snapped} ({DEVICES[snapped].source})")

@@ -389,3 +389,47 @@ def test_humming_is_chosen_without_importing_it(monkeypatch):
 
     with pytest.raises(ConfigError, match="No module named 'humming'"):
         _deploy(folder, tp=8)
+
+
+DEEPSEEK_V4_FLASH = ROOT / "fixtures" / "architectures" / "deepseek-ai--DeepSeek-V4-Flash"
+
+
+@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason="vLLM 0.23's DeepSeek-V4 builds only with an fp8 KV cache, and "
+                    "has no deferred TileLang decoration")
+def test_deepseek_v4_builds_without_tilelang_and_its_cuda_plan_is_refused_saying_why():
+    """DeepSeek-V4-Flash at TP 8: its mHC layers import vLLM's TileLang kernels as they build (JIT warm-up), which
+    vLLM decorates eagerly off ROCm; with the decoration deferred as on ROCm the model builds. Its compressed MLA
+    layers keep one state per 128 tokens, which vLLM's CUDA attention backend gives a block size to hold: kvaudit
+    does not set it, so the CUDA plan is refused naming the layer, never with the planner's ZeroDivisionError."""
+    folder = _big_model(DEEPSEEK_V4_FLASH, "DeepseekV4ForCausalLM")
+    from kvaudit.errors import NotAuditable
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import build_plan, make_deployment
+
+    d = make_deployment(load_model_spec(folder), tp=8, gpu_memory_utilization=0.9, max_model_len=4096,
+                        device="h200-141g", overhead_bytes=2 << 30)
+    assert d.architecture == "DeepseekV4ForCausalLM" and d.weights_bytes > 10 << 30
+    with pytest.raises(NotAuditable, match=r"model\.layers\.\d+\.attn's MLAAttentionSpec holds 0 bytes a block at "
+                                           r"block size 16 under the cuda rule \(one state per 128 tokens\)"):
+        build_plan(d, "cuda")
+
+
+@pytest.mark.skipif(VLLM_VERSION != PRIMARY_VLLM, reason="vLLM 0.23 has no deferred TileLang decoration")
+def test_deepseek_v4_needs_the_tilelang_stand_in(monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("tilelang") is not None:
+        pytest.skip("TileLang is installed: vLLM's own decoration runs")
+    folder = _big_model(DEEPSEEK_V4_FLASH, "DeepseekV4ForCausalLM")
+    _without(monkeypatch, lambda obj, name: name == "tilelang_jit")
+    import sys
+
+    # (a build before this one imported the kernels with their decoration deferred: import them afresh)
+    monkeypatch.delitem(sys.modules, "vllm.model_executor.kernels.mhc.tilelang_kernels", raising=False)
+    from kvaudit.errors import ConfigError
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
+
+    with pytest.raises(ConfigError, match="tilelang is required"):
+        make_deployment(load_model_spec(folder), tp=8, gpu_memory_utilization=0.9, max_model_len=4096,
+                        device="h200-141g", overhead_bytes=2 << 30)

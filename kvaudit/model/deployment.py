@@ -63,7 +63,71 @@ DEVICES: dict[str, Device] = {
         "h200-141g", "NVIDIA H200 141GB", round(139.81 * 2**30),
         "torch's CUDA out-of-memory message on H200 cards, as pasted in public threads: 'GPU 0 has a total "
         "capacity of 139.81 GiB'; exact to 0.01 GiB"),
+    # The GPUs people own: torch's total as public reports print it (the new form, "GPU 0 has a total capacity of X
+    # GiB", is cudaMemGetInfo's total, which vLLM's budget multiplies; the old form, "X GiB total capacity", is
+    # totalGlobalMem and can differ). ECC mode, the driver and an attached display move it by up to 0.1 GiB.
+    # Compute capability: NVIDIA's list, https://developer.nvidia.com/cuda-gpus, unless said otherwise.
+    "l4-24g": Device(
+        "l4-24g", "NVIDIA L4 24GB", round(22.03 * 2**30),
+        "torch's CUDA out-of-memory message on an L4, ArcInstitute/evo2#190: 'GPU 0 has a total capacity of 22.03 "
+        "GiB' (SageMaker g6 hosts print 21.96)", capability=(8, 9)),
+    "l40s-48g": Device(
+        "l40s-48g", "NVIDIA L40S 48GB", round(44.39 * 2**30),
+        "vLLM's start-up log on 4x L40S (fixtures/startup-logs/cuda/awssamples-qwen3-coder-30b-4xl40s-tp4-v0.24.0.log, "
+        "44.39 GiB); torch's message prints 44.42 on an L40S in stepfun-ai/Step-Video-T2V#8", capability=(8, 9)),
+    "a10-24g": Device(
+        "a10-24g", "NVIDIA A10 24GB", round(23.72 * 2**30),
+        "vLLM's start-up check on an A10, kaito-project/kaito#1374: 'Free memory on device (21.37/23.72 GiB)' (one "
+        "source; AWS's A10G prints 21.99)", capability=(8, 6)),
+    "a6000-48g": Device(
+        "a6000-48g", "NVIDIA RTX A6000 48GB", round(47.54 * 2**30),
+        "torch's CUDA out-of-memory message on an RTX A6000 (ECC off), vllm-project/vllm#1201: '47.54 GiB total "
+        "capacity' (the old form: totalGlobalMem)", capability=(8, 6)),
+    "rtx3090-24g": Device(
+        "rtx3090-24g", "NVIDIA GeForce RTX 3090 24GB", round(23.69 * 2**30),
+        "torch's CUDA out-of-memory message beside an RTX 3090's nvidia-smi row, vllm-project/vllm#2140: 'GPU 0 has "
+        "a total capacty of 23.69 GiB'", capability=(8, 6)),
+    "rtx4090-24g": Device(
+        "rtx4090-24g", "NVIDIA GeForce RTX 4090 24GB", round(23.64 * 2**30),
+        "torch's CUDA out-of-memory message on a 4090, deepseek-ai/DeepSeek-V3#205: 'GPU 0 has a total capacity of "
+        "23.64 GiB' (a card driving a display prints less)", capability=(8, 9)),
+    "rtx5090-32g": Device(
+        "rtx5090-32g", "NVIDIA GeForce RTX 5090 32GB", round(31.36 * 2**30),
+        "torch's CUDA out-of-memory message on an RTX 5090, TrajectoryCrafter/TrajectoryCrafter#20: 'GPU 0 has a "
+        "total capacity of 31.36 GiB' (Wan-Video/Wan2.1#465 prints 31.37)", capability=(12, 0)),
+    "rtx-pro-6000-96g": Device(
+        "rtx-pro-6000-96g", "NVIDIA RTX PRO 6000 Blackwell 96GB", round(95.01 * 2**30),
+        "torch's CUDA out-of-memory message on RTX PRO 6000 Blackwell Server Edition cards (vLLM 0.27.1, driver "
+        "610.43.02), quoted in the blog post 'Running a big LLM across multiple GPUs with vLLM' (S. Katara, S. Pathak, "
+        "2026-08-18): 'a total capacity of 95.01 GiB'", capability=(12, 0)),
+    "h20-96g": Device(
+        "h20-96g", "NVIDIA H20 96GB", round(95.00 * 2**30),
+        "torch's CUDA out-of-memory message on an H20 96G, modelscope/DiffSynth-Studio#1238: 'a total capacity of "
+        "95.00 GiB' (one source); capability 9.0 from sglang's check_env on H20s, sgl-project/sglang#4572",
+        capability=(9, 0)),
+    "b200-192g": Device(
+        "b200-192g", "NVIDIA B200", round(178.35 * 2**30),
+        "torch's CUDA out-of-memory message on a B200, unslothai/unsloth#3411: 'GPU 0 has a total capacity of 178.35 "
+        "GiB'", capability=(10, 0)),
+    "gb200-186g": Device(
+        "gb200-186g", "NVIDIA GB200", round(184.31 * 2**30),
+        "torch's CUDA out-of-memory message on GB200s, vllm-project/vllm#43951 and #52511: 'a total capacity of "
+        "184.31 GiB'", capability=(10, 0)),
+    "gb10-128g": Device(
+        "gb10-128g", "NVIDIA GB10 (DGX Spark) 128GB unified", round(121.69 * 2**30),
+        "vLLM's start-up check on a DGX Spark, MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47: 'Free memory on "
+        "device (110.37/121.69 GiB)' (unified memory: torch's own message prints about 119.7 GiB, and what is free "
+        "depends on the host's use); vLLM keeps capability 12.1 on its small batch defaults", capability=(12, 1)),
 }
+
+
+def device_choice() -> str:
+    """The device kinds, by platform, for an error that asks for one (``kvaudit devices`` lists their memory)."""
+    by: dict[str, list[str]] = {}
+    for dev in DEVICES.values():
+        by.setdefault(dev.platform, []).append(dev.name)
+    names = {"cuda": "CUDA", "ascend": "Ascend"}
+    return "; ".join(f"{names.get(p, p)}: {', '.join(kinds)}" for p, kinds in by.items())
 
 
 @dataclass(frozen=True)
@@ -263,6 +327,8 @@ class Deployment:
     ``max_num_batched_tokens``, prefix caching, ...), each with where the value came from."""
     platform: str = "ascend"
     """``cuda`` or ``ascend``: the device's platform, whose worker budgets the memory."""
+    device_memory_given: bool = False
+    """``--device-memory`` replaced the kind's own memory: the size is the user's, the kind's rules still plan it."""
     vllm_version: str | None = None
     """The vLLM release whose budget formula, defaults and start-up lines are emulated (``--vllm-version``; unset:
     the installed vLLM; for vllm-ascend, the vLLM its release pins); the installed vLLM plans either way."""
@@ -297,7 +363,7 @@ class Deployment:
             "tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp, "pipeline_parallel_rank": self.pp_rank,
             "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "quantization": self.quantization,
             "max_model_len": self.max_model_len, "device": self.device,
-            "device_memory_bytes": self.device_memory_bytes,
+            "device_memory_bytes": self.device_memory_bytes, "device_memory_given": self.device_memory_given,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "weights_bytes": self.weights_bytes, "weights_source": self.weights_source,
             "overhead_bytes": self.overhead_bytes, "non_kv_bytes": self.non_kv_bytes,

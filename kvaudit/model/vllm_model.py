@@ -48,6 +48,8 @@ class BuiltModel:
     architecture: str
     weights_bytes: int
     """Bytes of every parameter and buffer on this rank (each storage once)."""
+    online: str = ""
+    """vLLM's online-quantization methods whose post-loading step quantized the weights counted (``ONLINE_PACKAGE``)."""
     _tp: int = 1
     _pp: int = 1
     _pp_rank: int = 0
@@ -275,6 +277,15 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
         # that function (any other name fails to import, as the real module does here); the projections'
         # weights are the same either way.
         out.append((sys.modules, gemm_rs_ar, _module(gemm_rs_ar, maybe_init_gemm_rs_ar=lambda *_a, **_k: False)))
+    tilelang_utils = _optional("vllm.tilelang_utils")
+    if tilelang_utils is not None and _absent("tilelang") and hasattr(tilelang_utils, "_DeferredTileLangJitKernel"):
+        # vllm/tilelang_utils/__init__.py tilelang_jit, which DeepSeek-V4's mHC layers reach as they build (with JIT
+        # warm-up on, vllm/models/deepseek_v4/nvidia/model.py imports the TileLang kernels to register their warm-up
+        # shapes): off ROCm it applies tilelang.jit at import, and TileLang (a core requirement of vLLM 0.33 on CUDA,
+        # some 200 MB with its compiler) is not in the lean install. While a model is built the decoration is
+        # vLLM's own ROCm path, _DeferredTileLangJitKernel, which compiles on first use; no kernel runs while a model
+        # is built, and the kernels hold no parameter.
+        out.append((tilelang_utils, "tilelang_jit", tilelang_utils._DeferredTileLangJitKernel))
     out.append((v.registry, "_run_in_subprocess", lambda fn: fn()))  # no CUDA here to protect
     hf_config = _optional("vllm.transformers_utils.config")
     if hf_config is not None and hasattr(hf_config, "with_retry"):
@@ -559,15 +570,59 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
                 torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
             models = [v.loader.initialize_model(vllm_config=vc)]
             models += _draft_model(v, vc)
+            online = _quantize_online(torch, models)
     except (KvauditError, MemoryError):
         raise
     except Exception as e:  # vLLM's model code on the user's config (a ZeroDivisionError on odd sizes, too)
         raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
                           f"{first_line(e, 300)}") from None
     built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),
-                       _tp=tp, _pp=pp, _pp_rank=pp_rank)
+                       online=online, _tp=tp, _pp=pp, _pp_rank=pp_rank)
     _BUILT[key] = built
     return built
+
+
+ONLINE_PACKAGE = "vllm.model_executor.layers.quantization.online"
+"""vLLM's online quantization (``--quantization fp8`` and its kin on a 16-bit checkpoint): its linear and MoE methods
+create the checkpoint's 16-bit parameters and quantize them in ``process_weights_after_loading``."""
+_OUT_PARAMETER_OPS = ("static_scaled_fp8_quant", "dynamic_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant")
+"""vLLM's FP8 quantization kernels (``vllm/_custom_ops.py`` ``scaled_fp8_quant``), which write into an output vLLM
+allocates with the quantized shape and dtype: on ``meta`` they have nothing to compute."""
+
+
+def _quantizes_online(method: Any) -> bool:
+    """Whether a layer's quant method quantizes 16-bit weights after loading: one of ``ONLINE_PACKAGE`` (vLLM 0.33),
+    an ``...Online...Method`` of ``quantization/fp8.py`` (0.23: ``Fp8OnlineLinearMethod``, ``Fp8OnlineMoEMethod``),
+    or an FP8 method whose checkpoint is not FP8 (``Fp8Config.is_checkpoint_fp8_serialized`` false: older releases)."""
+    if method is None:
+        return False
+    cls = type(method)
+    return (cls.__module__.startswith(ONLINE_PACKAGE) or "Online" in cls.__name__
+            or getattr(getattr(method, "quant_config", None), "is_checkpoint_fp8_serialized", True) is False)
+
+
+def _quantize_online(torch: Any, models: list[Any]) -> str:
+    """Run vLLM's own post-loading step of every online-quantized layer on ``meta``, so that the weights counted are
+    the quantized ones the loaded model holds (the 16-bit parameters its layers created are replaced). A step that
+    cannot run here is a one-line refusal, never 16-bit weights counted as quantized ones."""
+    layers = [(name, mod) for model in models for name, mod in model.named_modules()
+              if _quantizes_online(getattr(mod, "quant_method", None))]
+    if not layers:
+        return ""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch._dynamo.config, "disable", True))  # (its compiled quantizers run eagerly)
+        for op in _OUT_PARAMETER_OPS:
+            stack.enter_context(_patched(torch.ops._C, op, lambda *_a, **_k: None))
+        for name, mod in layers:
+            method = type(mod.quant_method).__name__
+            try:
+                mod.quant_method.process_weights_after_loading(mod)
+            except Exception as e:  # a kernel's repacking this lean vLLM lacks
+                raise ConfigError(
+                    f"vLLM quantizes the weights online ({method}, layer {name}) after loading them, and that step "
+                    f"could not run here ({type(e).__name__}: {first_line(e, 160)}): give the loaded weights with "
+                    "--weights (vLLM logs them as 'Model loading took')") from None
+    return ", ".join(sorted({type(mod.quant_method).__name__ for _, mod in layers}))
 
 
 def _draft_model(v: _Modules, vc: Any) -> list[Any]:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
 from kvaudit.model.deployment import (DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
-                                      check_deployment)
+                                      check_deployment, device_choice)
 from kvaudit.model.spec import ModelSpec, check_config, with_overrides
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.units import fmt_bytes
@@ -276,11 +276,21 @@ def _as_device(d: Deployment) -> Iterator[None]:
     if version_key(emulated_release(d)) < version_key(LARGEST_TIER_FROM):
         memory = min(memory, LARGEST_TIER_BYTES - 1)  # to an older vLLM such a device is one of ≥ 70 GiB
     with contextlib.ExitStack() as stack:
-        for name, value in (("get_device_total_memory", memory), ("get_device_name", dev.title if dev else "")):
+        answers = {"get_device_total_memory": classmethod(lambda c, device_id=0: memory),
+                   "get_device_name": classmethod(lambda c, device_id=0: dev.title if dev else "")}
+        if dev is not None:  # (vLLM asks whether the device is a GB10, capability 12.1: its small batch tier)
+            answers["is_device_capability"] = classmethod(lambda c, capability, device_id=0: _same_capability(
+                dev.capability, capability))
+        for name, answer in answers.items():
             old = cls.__dict__.get(name)
-            setattr(cls, name, classmethod(lambda c, device_id=0, _v=value: _v))
+            setattr(cls, name, answer)
             stack.callback(lambda name=name, old=old: setattr(cls, name, old) if old is not None else delattr(cls, name))
         yield
+
+
+def _same_capability(device: tuple[int, int], asked: tuple[int, int] | int) -> bool:
+    """vLLM's ``Platform.is_device_capability``: ``(major, minor)``, or the integer ``major × 10 + minor``."""
+    return device == asked if isinstance(asked, tuple) else device[0] * 10 + device[1] == asked
 
 
 def _engine_args(d: Deployment) -> dict[str, Any]:
@@ -335,7 +345,39 @@ def engine_config(d: Deployment) -> Any:
     # With no accelerator vLLM's UnspecifiedPlatform turns the hybrid KV-cache manager off; every
     # platform kvaudit audits (CUDA, Ascend) keeps it on.
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    if version_key(emulated_release(d)) < version_key(IN_FLIGHT_BATCHES_FROM):
+        _one_batch_in_flight(vc)
     return vc
+
+
+IN_FLIGHT_BATCHES_FROM = "0.26.0"
+"""The first vLLM release that sizes a sliding-window (or chunked-local) group's blocks per request for every batch in
+flight: ``window − 1 + max_in_flight_tokens``, where ``VllmConfig.max_in_flight_tokens`` is ``max_concurrent_batches ×
+max_num_batched_tokens`` (two batches under async scheduling, vllm/config/vllm.py). Up to 0.25 the spec's
+``max_admission_blocks_per_request`` takes one, ``window − 1 + max_num_batched_tokens`` (vllm/v1/kv_cache_interface.py
+of each sdist): a request of an older release reserves one batch of blocks fewer per sliding group, which its logged
+tokens and concurrency show."""
+
+ONE_BATCH_MARK = "_kvaudit_one_batch_in_flight"
+"""The attribute that marks a ``VllmConfig`` (and the copies made of it for each platform rule) of a deployment that
+emulates a release before ``IN_FLIGHT_BATCHES_FROM``."""
+
+
+def _one_batch_in_flight(vc: Any) -> None:
+    """Make ``vc`` answer ``max_in_flight_tokens`` as the emulated release sized it, one ``max_num_batched_tokens``, for
+    every vLLM function that later reads it (the planner's check, ``get_kv_cache_capacity``'s tokens and concurrency).
+    A vLLM without the property (before 0.26) already takes one batch."""
+    cls = type(vc)
+    own = cls.__dict__.get("max_in_flight_tokens")
+    if not isinstance(own, property):
+        return
+    if own.fget.__name__ != "_emulated_in_flight_tokens":
+        def _emulated_in_flight_tokens(self: Any, _own: property = own) -> int:
+            if getattr(self, ONE_BATCH_MARK, False):
+                return self.scheduler_config.max_num_batched_tokens
+            return _own.fget(self)
+        cls.max_in_flight_tokens = property(_emulated_in_flight_tokens)
+    object.__setattr__(vc, ONE_BATCH_MARK, True)
 
 
 def _removed(d: Deployment) -> str:
@@ -455,6 +497,14 @@ def build_plan(d: Deployment, platform: str, kv_budget: KVBudget | None = None) 
     with quiet_vllm():
         groups: list[Any] = []
         try:
+            empty = next(((name, spec) for name, spec in specs.items() if spec.page_size_bytes <= 0), None)
+            if empty is not None:  # (vLLM's planner would divide by it: a block size not set as vLLM sets it)
+                name, spec = empty
+                per = getattr(spec, "tokens_per_state", 0)
+                raise NotAuditable(
+                    f"{name}'s {type(spec).__name__} holds 0 bytes a block at block size {spec.block_size} under the "
+                    f"{rule.name} rule" + (f" (one state per {per} tokens)" if per else "") + f": kvaudit does not "
+                    f"set {d.model.name}'s block size as vLLM's attention backend does")
             if hasattr(v.planning, "get_global_kv_cache_groups"):
                 groups = v.planning.get_global_kv_cache_groups(vc, [st[1] for st in stages])
                 cfg = v.planning.get_kv_cache_configs(vc, [st[1] for st in stages], [st[2] for st in stages],
@@ -654,12 +704,16 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
             raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} (column {e.colno})") from None
     if overrides is not None and not isinstance(overrides, dict):
         raise UsageError("--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'")
+    device_memory = size("device_memory")
+    if device_memory is not None and not o.get("device"):
+        raise UsageError(f"--device-memory {o['device_memory']} gives a size but not the kind of device, whose rules "
+                         f"plan it: add --device ({device_choice()})")
     tp = o.get("tp")
     return make_deployment(
         spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=o.get("util", 0.9),
         max_model_len=o.get("max_model_len") or (preset.max_model_len if preset else None),
         device=o.get("device") or (preset.device if preset else "atlas-a2-64g"),
-        device_memory_bytes=size("device_memory"), dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
+        device_memory_bytes=device_memory, dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
         overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.get("vllm_version"),
         kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
         num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank,
@@ -706,11 +760,11 @@ def make_deployment(
     """Validate the options, let vLLM resolve them (dtype, max model len, TP and PP against the model)
     and build its model for this rank to weigh it; impossible numbers are one-line errors. A deployment that leaves
     no KV budget is refused too, unless ``allow_no_kv_budget`` (triage: what vLLM itself refused to start)."""
-    if device not in DEVICES and device_memory_bytes is None:
-        raise UsageError(f"unknown --device {device!r} (known: {', '.join(DEVICES)}); or give --device-memory")
+    if device not in DEVICES:
+        raise UsageError(f"unknown --device {device!r}: {device_choice()}")
     mem = device_memory_bytes if device_memory_bytes is not None else DEVICES[device].memory_bytes
     d = Deployment(model=model, tp=tp, dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
-                   device=device if device_memory_bytes is None else "custom", device_memory_bytes=mem,
+                   device=device, device_memory_bytes=mem, device_memory_given=device_memory_bytes is not None,
                    gpu_memory_utilization=gpu_memory_utilization, weights_bytes=weights_bytes or 0,
                    weights_source="--weights", overhead_bytes=overhead_bytes or 0,
                    kv_cache_memory_bytes=kv_cache_memory_bytes, kv_transfer=kv_transfer,
@@ -721,7 +775,7 @@ def make_deployment(
                    hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
                    max_cudagraph_capture_size=max_cudagraph_capture_size,
                    enforce_eager=enforce_eager, usage_context=usage_context,
-                   platform=DEVICES[device].platform if device in DEVICES else "cuda", vllm_version=vllm_release)
+                   platform=DEVICES[device].platform, vllm_version=vllm_release)
     if weights_bytes is not None and weights_bytes <= 0:
         raise UsageError(f"--weights must be positive, got {weights_bytes}")
     check_deployment(d)
@@ -735,7 +789,8 @@ def make_deployment(
         resolved.update(weights_bytes=built.weights_bytes, weights_source=(
             f"parameters and buffers of vLLM's {built.architecture} built for rank 0 of TP {tp}"
             + (f", stage {pp_rank} of PP {pp}" if pp > 1 else "")
-            + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'})"))
+            + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'}"
+            + (f", quantized after loading by {built.online}" if built.online else "") + ")"))
     resolved.update(_serve_defaults(d, built.vllm_config))
     resolved.update(_non_kv(d, built.vllm_config, overhead_bytes))
     d = dataclasses.replace(d, **resolved)

@@ -108,7 +108,8 @@ def group_off_plan(r: AuditResult, g: GroupRow) -> bool:
 def _deployment_line(rep: Report) -> str:
     d = rep.deployment
     dev = DEVICES.get(d.device)
-    device = f"{dev.title if dev else '--device-memory'} ({fmt_bytes(d.device_memory_bytes)})"
+    given = ", --device-memory" if d.device_memory_given else ""
+    device = f"{dev.title if dev else d.device} ({fmt_bytes(d.device_memory_bytes)}{given})"
     stage = f"PP stage {d.pp_rank} of {d.pp}" if d.pp > 1 else "PP 1"
     return (f"{d.architecture or d.model.architecture} · TP {d.tp} · {stage} · gpu_memory_utilization "
             f"{d.gpu_memory_utilization} · {device} · KV budget {fmt_bytes(d.kv_budget_bytes)} · {d.dtype} · "

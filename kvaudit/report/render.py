@@ -249,7 +249,8 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
                          f"TP {d.tp}" + (f" · PP {d.pp} stage {d.pp_rank}" if d.pp > 1 else "")
                          + f" · {d.dtype} · kv-cache-dtype {d.kv_cache_dtype} · max-model-len {d.max_model_len}")
     dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
-                                 + (f", {e(dev.title)}" if dev else ", --device-memory") + ")")
+                                 + (f", {e(dev.title)}" if dev else "")
+                                 + (" with --device-memory" if d.device_memory_given else "") + ")")
     dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
                                           f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))}")
     dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({e(d.weights_source)})")

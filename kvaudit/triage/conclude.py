@@ -185,9 +185,9 @@ def _device_memory(ev: Evidence, platform: str | None) -> Sourced | None:
     found = ev.all("device_memory")
     exact = [f for f in found if isinstance(f.value, int) and "total memory:" in f.text]
     f = exact[0] if exact else (found[0] if found else None)
-    if f is not None and not exact:  # "60.96 GiB total capacity": rounded; a known device's exact figure
-        for dev in DEVICES.values():
-            if abs(dev.memory_bytes - f.value) < 0.0005 * dev.memory_bytes:
+    if f is not None and not exact:  # "60.96 GiB total capacity": rounded; a known device's exact figure, where the
+        for dev in DEVICES.values():  # report prints that device's own figure (not a neighbour's: 94.97 is not 95.01)
+            if abs(dev.memory_bytes - f.value) <= (1 << 30) // 200:
                 return Sourced(dev.memory_bytes, f"{f.source} → {dev.name} ({dev.source})")
     if f is not None:
         return from_fact(f)

@@ -242,7 +242,7 @@ def build(facts: Any, d: Any = None, need: Any = None,
             said, at = stated[term]
         predicted, by = None, ""
         if d is not None:
-            if term == "device memory" and d.device != "custom":  # (a custom size is the report's, not a prediction)
+            if term == "device memory" and not d.device_memory_given:  # (a size given is the report's, not a prediction)
                 predicted, by = d.device_memory_bytes, f"the {d.device} device, assumed"
             elif term == "budget":
                 predicted, by = int(d.device_memory_bytes * d.gpu_memory_utilization), (
