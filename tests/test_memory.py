@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from kvaudit.errors import UsageError
 from kvaudit.model import memory
-
 from kvaudit.plan.capacity import capacity
 from kvaudit.plan.planner import model_for
 from kvaudit.report import startup
@@ -56,6 +56,23 @@ def test_graph_estimate_is_subtracted_from_vllm_0_20_only():
     # the older release hands the planner more, and uses the graphs' memory beyond the budget
     assert old.kv_budget_bytes - new.kv_budget_bytes == g_new.bytes
     assert old.non_kv_bytes == new.non_kv_bytes
+
+
+@pytest.mark.parametrize("release, switch, subtracted", [
+    ("0.33.0", "0", False), ("0.33.0", "1", True), ("0.19.1", "1", True), ("0.19.1", "0", False),
+    ("0.17.0", "1", False)])  # (0.17 has no estimate to subtract: the switch came with it in 0.18)
+def test_vllms_graph_estimate_switch_set_where_kvaudit_runs_decides(monkeypatch, release, switch, subtracted):
+    """``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, as vLLM reads it (``vllm/envs.py``: ``bool(int(...))``), decides
+    for every release that has the estimate (0.18+), whatever the release's default; the term says so."""
+    monkeypatch.setenv("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", switch)
+    d = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, vllm_release=release)
+    graphs = _terms(d)["cuda_graphs"]
+    assert graphs.budgeted == subtracted
+    assert (f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={switch} here" in graphs.source) == (release != "0.17.0")
+    assert d.unbudgeted_bytes == (0 if subtracted else graphs.bytes)
+    monkeypatch.setenv("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "yes")
+    with pytest.raises(UsageError, match="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='yes' is not an integer"):
+        memory.subtracts_graph_estimate("0.33.0")
 
 
 def test_no_graphs_with_enforce_eager_or_on_ascend():

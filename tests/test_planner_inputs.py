@@ -231,3 +231,27 @@ def test_a_sliding_window_request_reserves_the_batches_in_flight_its_release_did
     one, two = -(-(window - 1 + b) // block) + 1, -(-(window - 1 + 2 * b) // block) + 1
     assert need["0.26.0"] - need["0.25.0"] == sliding * (two - one) * page
     assert tokens["0.25.0"] > 1.15 * tokens["0.26.0"]  # a request takes fewer blocks: more fit the same pool
+
+
+EAGLE3_DRAFT = {
+    # SpecForge's EAGLE-3 draft head for Llama 3.1 8B (sgl-project/SpecForge, configs/llama3-8B-eagle3.json, as
+    # stored for the fork yubofredwang/SpecForge@79694c7a), the form of the released EAGLE3 heads' config.json
+    "architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 2048,
+    "model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1,
+    "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.28.1", "use_cache": True, "vocab_size": 128256, "draft_vocab_size": 31960}
+
+
+def test_a_draft_head_given_alone_is_refused_saying_what_it_is(tmp_path, capsys):
+    """An EAGLE-3 head alone: vLLM's model asserts a speculative config (``llama_eagle3.py``), which kvaudit said as
+    "AssertionError: AssertionError"; the refusal names the draft model and what to plan instead, exit 2."""
+    skip_unless_planned()
+    from kvaudit.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(EAGLE3_DRAFT))
+    assert main(["plan", str(tmp_path), "--device", "h100-80g"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kvaudit: error: LlamaForCausalLMEagle3 is a speculative-decoding draft model (vLLM's registry lists "
+                   "it among them): vLLM builds it only beside the model it drafts for, given with --speculative-config; "
+                   "plan that model (kvaudit plans an MTP draft with --num-speculative-tokens, not an EAGLE head)")

@@ -27,9 +27,11 @@ the model's dimensions per rank (``ModelConfig``).
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from kvaudit.errors import UsageError
 from kvaudit.units import GiB, MiB
 from kvaudit.versions import version_key
 
@@ -206,13 +208,31 @@ def cuda_graphs(vc: Any, release: str, max_capture: int | None = None) -> Term |
     first = int(GRAPH_FIRST_SCALE * max(sizes) * _forward_width(dims) * b)
     per_graph = max(GRAPH_BYTES_PER_LAYER * dims["layers"], 1 << 20)
     total = first + per_graph * (max(len(full) - 1, 0) + len(sizes) - 1)
-    budgeted = version_key(release) >= version_key(GRAPH_ESTIMATE_FROM)
+    budgeted, why = subtracts_graph_estimate(release)
     return Term("cuda_graphs", total,
                 f"{len(full)} FULL + {len(sizes)} PIECEWISE graphs up to batch {max(sizes)}: first capture "
-                f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; "
-                + (f"vLLM {release} subtracts its estimate" if budgeted
-                   else f"vLLM {release} does not subtract it (before {GRAPH_ESTIMATE_FROM}): used beyond the budget"),
-                budgeted)
+                f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; " + why, budgeted)
+
+
+GRAPH_ESTIMATE_SWITCH = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+"""vLLM's switch for subtracting its CUDA-graph estimate (``vllm/envs.py``: ``bool(int(...))``, default 0 in 0.18-0.19
+and 1 from 0.20). Set where kvaudit runs, as where vLLM serves, it decides for every release that has the estimate."""
+
+
+def subtracts_graph_estimate(release: str) -> tuple[bool, str]:
+    """Whether vLLM ``release`` subtracts its CUDA-graph estimate from the KV budget, and the words that say why: the
+    release's default, or ``GRAPH_ESTIMATE_SWITCH`` where it is set and the release has the estimate."""
+    said = os.environ.get(GRAPH_ESTIMATE_SWITCH)
+    if said is not None and version_key(release) >= version_key(GRAPH_ESTIMATE_LOGGED_FROM):
+        try:
+            on = bool(int(said))
+        except ValueError:
+            raise UsageError(f"{GRAPH_ESTIMATE_SWITCH}={said!r} is not an integer (vLLM reads it as int: 0 or 1)") from None
+        return on, (f"vLLM {release} subtracts its estimate ({GRAPH_ESTIMATE_SWITCH}={said} here)" if on else
+                    f"vLLM {release} does not subtract it ({GRAPH_ESTIMATE_SWITCH}={said} here): used beyond the budget")
+    if version_key(release) >= version_key(GRAPH_ESTIMATE_FROM):
+        return True, f"vLLM {release} subtracts its estimate"
+    return False, f"vLLM {release} does not subtract it (before {GRAPH_ESTIMATE_FROM}): used beyond the budget"
 
 
 def non_kv_terms(vc: Any, platform: str, release: str, last_stage: bool = True,

@@ -565,6 +565,10 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
     _init_distributed(v, vc)
     torch = v.torch
     arch = vc.model_config.architecture
+    if arch in getattr(v.registry, "_SPECULATIVE_DECODING_MODELS", {}) and vc.speculative_config is None:
+        raise ConfigError(f"{arch} is a speculative-decoding draft model (vLLM's registry lists it among them): vLLM "
+                          "builds it only beside the model it drafts for, given with --speculative-config; plan that "
+                          "model (kvaudit plans an MTP draft with --num-speculative-tokens, not an EAGLE head)")
     try:
         with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank), v.config.set_current_vllm_config(vc), \
                 torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
