@@ -4,6 +4,7 @@ budget, each release era is the one its vLLM had, and the lines carry that relea
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -260,3 +261,39 @@ def test_max_cudagraph_capture_size_bounds_the_graphs():
     small = deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9, max_cudagraph_capture_size=64)
     assert memory.capture_sizes(model_for(small).vllm_config, 64)[-1] == 64
     assert _terms(small)["cuda_graphs"].bytes < full.bytes / 3 and "up to batch 64" in _terms(small)["cuda_graphs"].source
+
+
+def test_the_cudagraph_mode_decides_which_graphs_take_memory():
+    """``--compilation-config '{"cudagraph_mode": ...}'`` (vLLM's ``CUDAGraphMode``): FULL_AND_PIECEWISE (the default)
+    captures FULL graphs for the decode sizes and PIECEWISE for every size, in one pool (one first capture); PIECEWISE
+    drops the FULL ones (one increment each but the first); NONE captures none, which the KV budget gets back."""
+    from kvaudit.model.deployment import get_preset, load_preset_spec
+    from kvaudit.plan.planner import deploy
+
+    spec = load_preset_spec(get_preset("llama-3.1-8b"))
+    base = {"device": "h100-80g", "max_model_len": 8192}
+
+    def graphs(mode):
+        d = deploy(spec, None, {**base, **({"compilation_config": f'{{"cudagraph_mode": "{mode}"}}'} if mode else {})})
+        return d, _terms(d).get("cuda_graphs")
+
+    d, both = graphs(None)
+    sizes = memory.capture_sizes(model_for(d).vllm_config)
+    decode = [s for s in sizes if s <= d.max_num_seqs]
+    per_graph = max(memory.GRAPH_BYTES_PER_LAYER * 32, 1 << 20)  # Llama 3.1 8B: 32 decoder layers
+    _, piecewise = graphs("piecewise")
+    assert both.bytes - piecewise.bytes == per_graph * (len(decode) - 1) > 0
+    assert "PIECEWISE" in piecewise.source and piecewise.source.startswith(f"0 FULL + {len(sizes)} PIECEWISE")
+    _, full = graphs("FULL_DECODE_ONLY")
+    assert both.bytes - full.bytes == per_graph * (len(sizes) - 1) > 0
+    assert full.source.startswith(f"{len(decode)} FULL + 0 PIECEWISE graphs (FULL_DECODE_ONLY)")
+    none, off = graphs("NONE")
+    assert off is None and none.kv_budget_bytes - d.kv_budget_bytes == both.bytes
+    assert none.cudagraph_mode == "NONE"
+    for bad, message in (('{"cudagraph_mode": "SOMETIMES"}', "cudagraph_mode 'SOMETIMES' is not one of vLLM's (NONE"),
+                         ('{"level": 3}', "--compilation-config: kvaudit takes cudagraph_mode only; level would change "
+                                          "nothing"),
+                         ("{cudagraph_mode: NONE}", "--compilation-config is not valid JSON"),
+                         ('["NONE"]', "--compilation-config must be a JSON object")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            deploy(spec, None, {**base, "compilation_config": bad})

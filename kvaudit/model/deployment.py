@@ -320,6 +320,8 @@ class Deployment:
     """vLLM's ``--max-cudagraph-capture-size``: the largest batch CUDA graphs are captured for (default: vLLM's,
     ``min(2 × max_num_seqs, 512)``)."""
     enforce_eager: bool = False
+    cudagraph_mode: str | None = None
+    """``--compilation-config``'s ``cudagraph_mode`` (vLLM's ``CUDAGraphMode`` name); ``None``: vLLM's default."""
     usage_context: str = "serve"
     """Whose defaults vLLM gives what the options leave unset: ``serve`` (``vllm serve``) or ``llm`` (the ``LLM`` class)."""
     defaults: dict | None = field(default=None, hash=False)
@@ -373,7 +375,7 @@ class Deployment:
             "enable_prefix_caching": self.enable_prefix_caching, "mamba_cache_mode": self.mamba_cache_mode,
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
             "hf_overrides": self.hf_overrides, "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_cudagraph_capture_size": self.max_cudagraph_capture_size,
+            "max_cudagraph_capture_size": self.max_cudagraph_capture_size, "cudagraph_mode": self.cudagraph_mode,
             "enforce_eager": self.enforce_eager, "usage_context": self.usage_context, "defaults": self.defaults,
             "platform": self.platform, "vllm_version": self.vllm_version,
             "overhead_terms": [t.to_dict() for t in self.overhead_terms], "unbudgeted_bytes": self.unbudgeted_bytes,

@@ -196,21 +196,30 @@ def capture_sizes(vc: Any, max_capture: int | None = None) -> list[int]:
     return list(cc2.cudagraph_capture_sizes or [])
 
 
-def cuda_graphs(vc: Any, release: str, max_capture: int | None = None) -> Term | None:
+def cuda_graphs(vc: Any, release: str, max_capture: int | None = None, mode: str | None = None) -> Term | None:
     """vLLM's CUDA-graph estimate as ``profile_cudagraph_memory`` forms it (per mode: the first capture plus one
-    increment per further graph; FULL and PIECEWISE overlay in one pool): FULL graphs for decode batches up to
-    ``max_num_seqs``, PIECEWISE for every capture size; ``None`` with ``--enforce-eager``."""
+    increment per further graph; FULL and PIECEWISE overlay in one pool). ``mode`` is ``cudagraph_mode``
+    (``vllm/config/compilation.py`` ``CUDAGraphMode``; vLLM's default FULL_AND_PIECEWISE): FULL graphs for decode
+    batches up to ``max_num_seqs`` (FULL_DECODE_ONLY, FULL_AND_PIECEWISE) or for every capture size (FULL), PIECEWISE
+    for every capture size (PIECEWISE, FULL_AND_PIECEWISE); ``None`` with NONE or ``--enforce-eager``."""
     sizes = capture_sizes(vc, max_capture)
+    mode = mode or "FULL_AND_PIECEWISE"
     if not sizes:
         return None
     dims, b = _dims(vc), _dtype_bytes(vc)
-    full = [s for s in sizes if s <= vc.scheduler_config.max_num_seqs]
-    first = int(GRAPH_FIRST_SCALE * max(sizes) * _forward_width(dims) * b)
+    decode = [s for s in sizes if s <= vc.scheduler_config.max_num_seqs]
+    full = {"FULL": sizes, "FULL_DECODE_ONLY": decode, "FULL_AND_PIECEWISE": decode}.get(mode, [])
+    piecewise = sizes if mode in ("PIECEWISE", "FULL_AND_PIECEWISE") else []
+    captured = full + piecewise
+    if not captured:  # (NONE)
+        return None
+    first = int(GRAPH_FIRST_SCALE * max(captured) * _forward_width(dims) * b)
     per_graph = max(GRAPH_BYTES_PER_LAYER * dims["layers"], 1 << 20)
-    total = first + per_graph * (max(len(full) - 1, 0) + len(sizes) - 1)
+    total = first + per_graph * sum(len(graphs) - 1 for graphs in (full, piecewise) if graphs)
     budgeted, why = subtracts_graph_estimate(release)
+    said = f" ({mode})" if mode != "FULL_AND_PIECEWISE" else ""
     return Term("cuda_graphs", total,
-                f"{len(full)} FULL + {len(sizes)} PIECEWISE graphs up to batch {max(sizes)}: first capture "
+                f"{len(full)} FULL + {len(piecewise)} PIECEWISE graphs{said} up to batch {max(captured)}: first capture "
                 f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; " + why, budgeted)
 
 
@@ -236,12 +245,12 @@ def subtracts_graph_estimate(release: str) -> tuple[bool, str]:
 
 
 def non_kv_terms(vc: Any, platform: str, release: str, last_stage: bool = True,
-                 max_capture: int | None = None) -> tuple[Term, ...]:
+                 max_capture: int | None = None, mode: str | None = None) -> tuple[Term, ...]:
     """Every modelled term for the deployment ``vc`` describes, on ``cuda`` or ``ascend``, as ``release`` budgets
     it. ACL graphs on Ascend are not modelled: vllm-ascend does not subtract them."""
     terms = [peak_activation(vc, platform, release, last_stage), non_torch(vc, platform)]
     if platform == "cuda":
-        graphs = cuda_graphs(vc, release, max_capture)
+        graphs = cuda_graphs(vc, release, max_capture, mode)
         if graphs is not None:
             terms.append(graphs)
     return tuple(terms)

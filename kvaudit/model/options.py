@@ -72,6 +72,10 @@ DEPLOYMENT_OPTIONS = (
     Opt("max_cudagraph_capture_size", Optional[int], None, ("--max-cudagraph-capture-size",),
         "vLLM's --max-cudagraph-capture-size: the largest batch CUDA graphs are captured for (their memory).", DEPLOY),
     Opt("enforce_eager", bool, False, ("--enforce-eager",), "vLLM's --enforce-eager: no CUDA/ACL graphs.", DEPLOY),
+    Opt("compilation_config", Optional[str], None, ("--compilation-config",),
+        "JSON object as vLLM's --compilation-config; kvaudit takes its cudagraph_mode (NONE, PIECEWISE, FULL, "
+        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE: which CUDA graphs take memory) and refuses keys it does not model.",
+        DEPLOY),
     Opt("usage_context", str, "serve", ("--usage-context",),
         "Whose defaults vLLM gives what is unset: serve (vllm serve) or llm (the LLM class).", DEPLOY),
     Opt("num_speculative_tokens", int, 0, ("--num-speculative-tokens",),

@@ -288,6 +288,21 @@ def _as_device(d: Deployment) -> Iterator[None]:
         yield
 
 
+def _graph_mode(mode: Any) -> str | None:
+    """``cudagraph_mode`` as vLLM names it (``vllm.config.CUDAGraphMode``: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY,
+    FULL_AND_PIECEWISE; case as vLLM's parser takes it), or a one-line refusal naming the choice."""
+    if mode is None:
+        return None
+    load_vllm()
+    from vllm.config import CUDAGraphMode
+
+    name = str(mode).upper()
+    if name not in CUDAGraphMode.__members__:
+        raise UsageError(f"--compilation-config: cudagraph_mode {mode!r} is not one of vLLM's "
+                         f"({', '.join(CUDAGraphMode.__members__)})")
+    return name
+
+
 def _same_capability(device: tuple[int, int], asked: tuple[int, int] | int) -> bool:
     """vLLM's ``Platform.is_device_capability``: ``(major, minor)``, or the integer ``major × 10 + minor``."""
     return device == asked if isinstance(asked, tuple) else device[0] * 10 + device[1] == asked
@@ -708,6 +723,18 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
     if device_memory is not None and not o.get("device"):
         raise UsageError(f"--device-memory {o['device_memory']} gives a size but not the kind of device, whose rules "
                          f"plan it: add --device ({device_choice()})")
+    compilation = o.get("compilation_config")
+    if isinstance(compilation, str):
+        try:
+            compilation = json.loads(compilation)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--compilation-config is not valid JSON: {e.msg} (column {e.colno})") from None
+    if compilation is not None and not isinstance(compilation, dict):
+        raise UsageError("--compilation-config must be a JSON object, e.g. '{\"cudagraph_mode\": \"PIECEWISE\"}'")
+    unmodelled = sorted(set(compilation or {}) - {"cudagraph_mode"})
+    if unmodelled:
+        raise UsageError(f"--compilation-config: kvaudit takes cudagraph_mode only; {', '.join(unmodelled)} would "
+                         "change nothing in its plan (use --max-cudagraph-capture-size for the capture sizes)")
     tp = o.get("tp")
     return make_deployment(
         spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=o.get("util", 0.9),
@@ -723,7 +750,7 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides,
         max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
         max_cudagraph_capture_size=o.get("max_cudagraph_capture_size"),
-        usage_context=o.get("usage_context") or "serve")
+        cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.get("usage_context") or "serve")
 
 
 def make_deployment(
@@ -752,6 +779,7 @@ def make_deployment(
     hf_overrides: dict | None = None,
     max_num_batched_tokens: int | None = None,
     max_cudagraph_capture_size: int | None = None,
+    cudagraph_mode: str | None = None,
     enforce_eager: bool = False,
     usage_context: str = "serve",
     vllm_release: str | None = None,
@@ -773,7 +801,7 @@ def make_deployment(
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
                    hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
-                   max_cudagraph_capture_size=max_cudagraph_capture_size,
+                   max_cudagraph_capture_size=max_cudagraph_capture_size, cudagraph_mode=_graph_mode(cudagraph_mode),
                    enforce_eager=enforce_eager, usage_context=usage_context,
                    platform=DEVICES[device].platform, vllm_version=vllm_release)
     if weights_bytes is not None and weights_bytes <= 0:
@@ -822,7 +850,7 @@ def _non_kv(d: Deployment, vc: Any, overhead_bytes: int | None) -> dict[str, Any
         terms: tuple[memory.Term, ...] = (memory.Term("overhead", overhead_bytes, "--overhead"),)
     else:
         terms = memory.non_kv_terms(vc, d.platform, release, last_stage=d.pp_rank == d.pp - 1,
-                                    max_capture=d.max_cudagraph_capture_size)
+                                    max_capture=d.max_cudagraph_capture_size, mode=d.cudagraph_mode)
     return {"overhead_terms": terms, "overhead_bytes": sum(t.bytes for t in terms if t.budgeted),
             "vllm_version": release}
 

@@ -270,6 +270,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
                         ("--max-num-seqs", d.max_num_seqs), ("--max-num-batched-tokens", d.max_num_batched_tokens),
                         ("--max-cudagraph-capture-size", d.max_cudagraph_capture_size),
                         ("--enforce-eager", True if d.enforce_eager else None),
+                        ("--compilation-config", f'{{"cudagraph_mode": "{d.cudagraph_mode}"}}' if d.cudagraph_mode else None),
                         ("--usage-context", d.usage_context if d.usage_context != "serve" else None),
                         ("--num-speculative-tokens", d.num_speculative_tokens or None), ("--hf-overrides", d.hf_overrides)):
         if value is not None and flag[2:].replace("-", "_") not in taken:
