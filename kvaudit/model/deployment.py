@@ -122,7 +122,7 @@ DEVICES: dict[str, Device] = {
 
 
 def device_choice() -> str:
-    """The device kinds, by platform, for an error that asks for one (``kvaudit devices`` lists their memory)."""
+    """The device kinds, by platform, for an error that asks for one (docs/audit.md lists their memory)."""
     by: dict[str, list[str]] = {}
     for dev in DEVICES.values():
         by.setdefault(dev.platform, []).append(dev.name)

@@ -250,7 +250,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
                          + f" · {d.dtype} · kv-cache-dtype {d.kv_cache_dtype} · max-model-len {d.max_model_len}")
     dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
                                  + (f", {e(dev.title)}" if dev else "")
-                                 + (" with --device-memory" if d.device_memory_given else "") + ")")
+                                 + ("'s rules, the size from --device-memory" if d.device_memory_given else "") + ")")
     dep.add_row("gpu_memory_utilization", f"{d.gpu_memory_utilization} → "
                                           f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))}")
     dep.add_row("weights per rank", f"{fmt_bytes(d.weights_bytes)} ({e(d.weights_source)})")
