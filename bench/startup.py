@@ -66,11 +66,14 @@ def logged(key: str) -> dict:
 
 
 def device_kind(inp: dict, case: dict) -> str:
-    """A device preset for the start's platform, its memory replaced by the logged one: its name matters to vLLM only
-    where vLLM's batch defaults look at the name (an A100 gets the small ones)."""
+    """A device kind for the start's platform, its memory replaced by the logged one: the kind matters to vLLM only
+    where its batch defaults look at the device (an A100's name, a GB10's capability: the small ones)."""
     if inp["platform"] == "ascend":
         return "atlas-a2-64g"
-    return "a100-80g" if "a100" in str(case.get("device") or "").lower() else "h100-80g"
+    device = str(case.get("device") or "").lower()
+    if "gb10" in device or "dgx spark" in device:
+        return "gb10-128g"
+    return "a100-80g" if "a100" in device else "h100-80g"
 
 
 def deployment(inp: dict, case: dict, kv_cache_memory: int | None = None):

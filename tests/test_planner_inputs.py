@@ -255,3 +255,20 @@ def test_a_draft_head_given_alone_is_refused_saying_what_it_is(tmp_path, capsys)
     assert err == ("kvaudit: error: LlamaForCausalLMEagle3 is a speculative-decoding draft model (vLLM's registry lists "
                    "it among them): vLLM builds it only beside the model it drafts for, given with --speculative-config; "
                    "plan that model (kvaudit plans an MTP draft with --num-speculative-tokens, not an EAGLE head)")
+
+
+def test_a_multimodal_model_emulating_an_older_release_keeps_its_one_batch_rule():
+    """Gemma 3 27B (a multimodal wrapper with sliding-window layers) at ``--vllm-version 0.25.0``: vLLM copies and
+    re-validates the config while it builds such a model, so the emulated rule is kept beside the config, not on it;
+    the plan holds more tokens than 0.26's, whose requests reserve two batches in flight."""
+    from kvaudit.model.deployment import PRESETS, load_preset_spec
+    from kvaudit.plan.capacity import capacity
+
+    skip_unless_planned()
+    spec = load_preset_spec(PRESETS["gemma-3-27b"])
+    tokens = {}
+    for release in ("0.25.0", "0.26.0"):
+        d = planner.make_deployment(spec, tp=2, gpu_memory_utilization=0.9, max_model_len=32768, device="h100-80g",
+                                    kv_cache_memory_bytes=20 << 30, vllm_release=release)
+        tokens[release] = capacity(planner.build_plan(d, "cuda")).tokens
+    assert tokens["0.25.0"] > tokens["0.26.0"]

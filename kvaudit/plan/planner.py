@@ -373,9 +373,10 @@ max_num_batched_tokens`` (two batches under async scheduling, vllm/config/vllm.p
 of each sdist): a request of an older release reserves one batch of blocks fewer per sliding group, which its logged
 tokens and concurrency show."""
 
-ONE_BATCH_MARK = "_kvaudit_one_batch_in_flight"
-"""The attribute that marks a ``VllmConfig`` (and the copies made of it for each platform rule) of a deployment that
-emulates a release before ``IN_FLIGHT_BATCHES_FROM``."""
+_ONE_BATCH: dict[int, Any] = {}
+"""The ``VllmConfig`` s of deployments that emulate a release before ``IN_FLIGHT_BATCHES_FROM``, and the copies made
+of them for each platform rule (``_config_for_plan``), by ``id``; each is held, so that its ``id`` is not reused. (An
+attribute on the config itself would not do: vLLM re-validates a config's fields when a multimodal model copies it.)"""
 
 
 def _one_batch_in_flight(vc: Any) -> None:
@@ -388,11 +389,11 @@ def _one_batch_in_flight(vc: Any) -> None:
         return
     if own.fget.__name__ != "_emulated_in_flight_tokens":
         def _emulated_in_flight_tokens(self: Any, _own: property = own) -> int:
-            if getattr(self, ONE_BATCH_MARK, False):
+            if _ONE_BATCH.get(id(self)) is self:
                 return self.scheduler_config.max_num_batched_tokens
             return _own.fget(self)
         cls.max_in_flight_tokens = property(_emulated_in_flight_tokens)
-    object.__setattr__(vc, ONE_BATCH_MARK, True)
+    _ONE_BATCH[id(vc)] = vc
 
 
 def _removed(d: Deployment) -> str:
@@ -465,6 +466,8 @@ def _config_for_plan(vc: Any, d: Deployment) -> Any:
     vcp = copy.copy(vc)
     object.__setattr__(vcp, "cache_config", copy.deepcopy(vc.cache_config))
     vcp.cache_config.num_gpu_blocks_override = d.num_blocks_override
+    if _ONE_BATCH.get(id(vc)) is vc:  # (the copy sizes a request as the release it emulates)
+        _one_batch_in_flight(vcp)
     return vcp
 
 
