@@ -73,7 +73,9 @@ def device_kind(inp: dict, case: dict) -> str:
     device = str(case.get("device") or "").lower()
     if "gb10" in device or "dgx spark" in device:
         return "gb10-128g"
-    return "a100-80g" if "a100" in device else "h100-80g"
+    if "a100" in device:
+        return "a100-40g" if "40g" in device.replace(" ", "") else "a100-80g"
+    return "h100-80g"
 
 
 def deployment(inp: dict, case: dict, kv_cache_memory: int | None = None):
@@ -90,7 +92,7 @@ def deployment(inp: dict, case: dict, kv_cache_memory: int | None = None):
         spec, tp=inp["tp"], pp=inp.get("pp", 1), gpu_memory_utilization=inp["util"],
         max_model_len=inp.get("max_model_len"),
         device=device,
-        device_memory_bytes=None if device == "a100-80g" or not inp.get("device_memory")
+        device_memory_bytes=None if device.startswith("a100") or not inp.get("device_memory")
         else parse_size(str(inp["device_memory"]), "device_memory"),
         hf_overrides=inp.get("hf_overrides"), vllm_release=inp.get("vllm_version"),
         kv_cache_memory_bytes=kv_cache_memory, **o)

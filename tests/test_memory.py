@@ -297,3 +297,15 @@ def test_the_cudagraph_mode_decides_which_graphs_take_memory():
                          ('["NONE"]', "--compilation-config must be a JSON object")):
         with pytest.raises(UsageError, match=re.escape(message)):
             deploy(spec, None, {**base, "compilation_config": bad})
+
+
+def test_every_term_says_the_code_it_follows_and_how_many_public_logs_set_its_constant():
+    """Issue 33: each non-KV term in the report names vLLM's code it follows and the public logs behind its constant
+    (``memory.BASIS``), on CUDA and on Ascend."""
+    for d in (deployment("llama-3.1-8b", device="h100-80g", gpu_memory_utilization=0.9),
+              deployment("llama-3.1-8b", gpu_memory_utilization=0.9)):
+        terms = _terms(d)
+        assert set(terms) >= {"peak_activation", "non_torch"}
+        for key, term in terms.items():
+            basis = memory.BASIS[key] if key != "non_torch" else memory.BASIS[key][d.platform]
+            assert term.source.endswith(f"[{basis}]") and re.search(r"\d public (?:\w+ )?logs?\b", basis), (key, term.source)

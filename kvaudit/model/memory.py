@@ -50,6 +50,15 @@ MOE_COLLECTIVE_BYTES = {"cuda": 0, "ascend": 800 * MiB}
 """Added for an MoE model whose rank has peers on Ascend: vllm-ascend's ``mc2`` group (its own HCCL communicator
 for MoE dispatch and combine, ``vllm_ascend/distributed/parallel_state.py``) allocates its buffers on first use,
 in the profile run."""
+BASIS = {
+    "peak_activation": "vLLM's profile_run; FORWARD_SCALE from 2 public logs that print vLLM's peak, the sampler's "
+                       "copies traced from Sampler.forward",
+    "non_torch": {"cuda": "vLLM's memory_profiling; from 2 public logs that print it",
+                  "ascend": "vllm-ascend's memory profile; from the development starts and 1 public 310P log"},
+    "cuda_graphs": "vLLM's profile_cudagraph_memory; the per-graph increment from 2 public logs",
+}
+"""What each term follows (vLLM's code) and how many public logs set its constant (docs/audit.md, "Non-KV memory and
+start-up lines", names them): the report shows it beside the term."""
 GRAPH_BYTES_PER_LAYER = 384 * 1024
 """One CUDA graph's increment per decoder layer (its nodes and their private memory)."""
 GRAPH_FIRST_SCALE = 1.0
@@ -152,7 +161,7 @@ def peak_activation(vc: Any, platform: str, release: str, last_stage: bool = Tru
     forward = int(FORWARD_SCALE * tokens * _forward_width(dims) * b)
     if not last_stage:
         return Term("peak_activation", forward, f"profile run: forward of {tokens:,} tokens ≈ {forward / GiB:.2f} GiB "
-                                                "(the sampler runs on the last PP stage)")
+                                                f"(the sampler runs on the last PP stage) [{BASIS['peak_activation']}]")
     if platform == "ascend":  # vllm-ascend's _dummy_sampler_run computes the logits and samples nothing
         copies, what = b / 4, "logits"
     else:
@@ -160,7 +169,7 @@ def peak_activation(vc: Any, platform: str, release: str, last_stage: bool = Tru
     sampler = tokens * dims["hidden"] * b + int(copies * rows * dims["vocab"] * 4)
     return Term("peak_activation", forward + sampler,
                 f"profile run: forward of {tokens:,} tokens ≈ {forward / GiB:.2f} GiB + {what} over {rows:,} × "
-                f"{dims['vocab']:,} logits ≈ {sampler / GiB:.2f} GiB")
+                f"{dims['vocab']:,} logits ≈ {sampler / GiB:.2f} GiB [{BASIS['peak_activation']}]")
 
 
 def non_torch(vc: Any, platform: str) -> Term:
@@ -174,7 +183,7 @@ def non_torch(vc: Any, platform: str) -> Term:
         MOE_COLLECTIVE_BYTES[platform] if moe else 0)
     return Term("non_torch", total, "workspaces" + (
         f" + {lib} buffers (TP {pc.tensor_parallel_size}, PP {pc.pipeline_parallel_size})" if peers else " (no peers)")
-        + (" + the MoE (mc2) group's HCCL buffers" if moe else ""))
+        + (" + the MoE (mc2) group's HCCL buffers" if moe else "") + f" [{BASIS['non_torch'][platform]}]")
 
 
 def capture_sizes(vc: Any, max_capture: int | None = None) -> list[int]:
@@ -220,7 +229,8 @@ def cuda_graphs(vc: Any, release: str, max_capture: int | None = None, mode: str
     said = f" ({mode})" if mode != "FULL_AND_PIECEWISE" else ""
     return Term("cuda_graphs", total,
                 f"{len(full)} FULL + {len(piecewise)} PIECEWISE graphs{said} up to batch {max(captured)}: first capture "
-                f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; " + why, budgeted)
+                f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; " + why
+                + f" [{BASIS['cuda_graphs']}]", budgeted)
 
 
 GRAPH_ESTIMATE_SWITCH = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
