@@ -84,9 +84,10 @@ DEPLOYMENT_OPTIONS = (
         "JSON object merged into the config, as vLLM's --hf-overrides.", DEPLOY),
     Opt("util", float, 0.9, ("--util", "--gpu-memory-utilization"), "gpu_memory_utilization, in (0, 1] (as vLLM).",
         DEPLOY),
-    Opt("device", Optional[str], None, ("--device",), f"Device preset for the memory size ({', '.join(DEVICES)}).",
-        DEPLOY),
-    Opt("device_memory", Optional[str], None, ("--device-memory",), "Device memory, e.g. 80GiB (overrides --device).",
+    Opt("device", Optional[str], None, ("--device",), "Device kind: its memory as torch reports it, its platform, and the "
+        f"name and capability vLLM's defaults read ({', '.join(DEVICES)}).", DEPLOY),
+    Opt("device_memory", Optional[str], None, ("--device-memory",),
+        "Device memory, e.g. 80GiB: replaces the --device kind's (which it needs: the kind's rules still plan).",
         DEPLOY),
     Opt("weights", Optional[str], None, ("--weights",), "Weights per rank (default: computed from the config).",
         DEPLOY),
