@@ -16,6 +16,9 @@ prints the error of
 - **other**: the non-KV memory beside the weights, kvaudit's terms against what the log implies
   (util × device memory − logged weights − logged budget), which is what the non-KV model is fitted to.
 
+Each set's worst errors are also printed by the kind of device (``GROUPS``: datacenter, consumer and workstation,
+Blackwell, Ascend), as issue 33 asks them reported.
+
 The figures are read from the logs by ``kvaudit.triage.evidence`` (the triage reader), never typed in. Each metric's
 median and worst absolute error follow. Every case runs through one model with one set of constants
 (``kvaudit.model.memory``); nothing is set per case.
@@ -107,6 +110,23 @@ def rule_for(inp: dict, case: dict) -> str:
     return platform_for(case.get("vllm_ascend_version") or inp.get("vllm_ascend_version") or inp["vllm_version"])
 
 
+GROUPS = ("datacenter", "consumer and workstation", "Blackwell", "Ascend")
+"""How issue 33 asks the figures reported: by the kind of device a start ran on."""
+
+
+def platform_group(entry: dict) -> str:
+    """The start's group in ``GROUPS``, from its platform and the device its case names (a Blackwell card, consumer or
+    workstation, before the datacenter default)."""
+    if entry["inputs"].get("platform") == "ascend":
+        return "Ascend"
+    device = str(entry["case"].get("device") or "").lower()
+    if any(w in device for w in ("b200", "gb200", "gb10", "dgx spark", "blackwell", "5090", "5080", "5070", "pro 6000")):
+        return "Blackwell"
+    if any(w in device for w in ("rtx", "geforce", "jetson", "a6000", "a5000")):
+        return "consumer and workstation"
+    return "datacenter"
+
+
 def measure(key: str, entry: dict) -> dict:
     """One start's errors (``None`` where the log or the inputs do not allow a figure)."""
     from kvaudit.errors import KvauditError
@@ -118,7 +138,8 @@ def measure(key: str, entry: dict) -> dict:
     judge = set(inp.get("judge", METRICS))
     got = logged(key)
     err: dict = {m: None for m in METRICS}
-    row = {"key": key, "terms": {}, "logged": got, "err": err, "release": inp.get("vllm_version"), "note": ""}
+    row = {"key": key, "terms": {}, "logged": got, "err": err, "release": inp.get("vllm_version"), "note": "",
+           "group": platform_group(entry)}
     avail = got["available_kv"]
     if inp.get("device_memory") and judge & {"weights", "budget"}:
         try:
@@ -170,6 +191,15 @@ def report(rows: list[dict], title: str, terms: bool) -> None:
             vals = [abs(r["err"][m]) for r in rows if r["err"][m] is not None]
             cells.append(f"{100 * f(vals):.1f}% ({len(vals)})" if vals else "—")
         print(f"{what:58} {'':>8} " + " ".join(f"{c:>11}" for c in cells))
+    for group in GROUPS:  # worst |error| per group (issue 33's report by platform)
+        mine = [r for r in rows if r["group"] == group]
+        if not mine:
+            continue
+        cells = []
+        for m in METRICS:
+            vals = [abs(r["err"][m]) for r in mine if r["err"][m] is not None]
+            cells.append(f"{100 * max(vals):.1f}% ({len(vals)})" if vals else "—")
+        print(f"{'  worst, ' + group + f' ({len(mine)} starts)':58} {'':>8} " + " ".join(f"{c:>11}" for c in cells))
 
 
 def main() -> None:
