@@ -714,26 +714,24 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         flag = "--" + key.replace("_", "-")
         return parse_size(str(value), flag, allow_zero=allow_zero) if value is not None else None
 
-    overrides = o.get("hf_overrides")
-    if isinstance(overrides, str):
-        try:
-            overrides = json.loads(overrides)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} (column {e.colno})") from None
-    if overrides is not None and not isinstance(overrides, dict):
-        raise UsageError("--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 65536}'")
+    def json_object(key: str, example: str) -> dict | None:
+        value = o.get(key)
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{flag} is not valid JSON: {e.msg} (column {e.colno})") from None
+        if value is not None and not isinstance(value, dict):
+            raise UsageError(f"{flag} must be a JSON object, e.g. '{example}'")
+        return value
+
+    overrides = json_object("hf_overrides", '{"max_position_embeddings": 65536}')
     device_memory = size("device_memory")
     if device_memory is not None and not o.get("device"):
         raise UsageError(f"--device-memory {o['device_memory']} gives a size but not the kind of device, whose rules "
                          f"plan it: add --device ({device_choice()})")
-    compilation = o.get("compilation_config")
-    if isinstance(compilation, str):
-        try:
-            compilation = json.loads(compilation)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--compilation-config is not valid JSON: {e.msg} (column {e.colno})") from None
-    if compilation is not None and not isinstance(compilation, dict):
-        raise UsageError("--compilation-config must be a JSON object, e.g. '{\"cudagraph_mode\": \"PIECEWISE\"}'")
+    compilation = json_object("compilation_config", '{"cudagraph_mode": "PIECEWISE"}')
     unmodelled = sorted(set(compilation or {}) - {"cudagraph_mode"})
     if unmodelled:
         raise UsageError(f"--compilation-config: kvaudit takes cudagraph_mode only; {', '.join(unmodelled)} would "
