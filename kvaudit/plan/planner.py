@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -373,10 +374,11 @@ max_num_batched_tokens`` (two batches under async scheduling, vllm/config/vllm.p
 of each sdist): a request of an older release reserves one batch of blocks fewer per sliding group, which its logged
 tokens and concurrency show."""
 
-_ONE_BATCH: dict[int, Any] = {}
+_ONE_BATCH: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 """The ``VllmConfig`` s of deployments that emulate a release before ``IN_FLIGHT_BATCHES_FROM``, and the copies made
-of them for each platform rule (``_config_for_plan``), by ``id``; each is held, so that its ``id`` is not reused. (An
-attribute on the config itself would not do: vLLM re-validates a config's fields when a multimodal model copies it.)"""
+of them for each platform rule (``_config_for_plan``), by ``id``; an entry leaves with its config, so none is kept
+alive and no ``id`` is reused. (An attribute on the config itself would not do: vLLM re-validates a config's fields
+when a multimodal model copies it.)"""
 
 
 def _one_batch_in_flight(vc: Any) -> None:
