@@ -14,7 +14,7 @@ from kvaudit.plan.capacity import capacity
 from kvaudit.plan.planner import model_for
 from kvaudit.report import startup
 from conftest import deployment as _deployment
-from conftest import each_vllm, plan_for, skip_unless_planned
+from conftest import ROOT, each_vllm, plan_for, skip_unless_planned
 
 pytestmark = pytest.mark.fast
 
@@ -309,3 +309,51 @@ def test_every_term_says_the_code_it_follows_and_how_many_public_logs_set_its_co
         for key, term in terms.items():
             basis = memory.BASIS[key] if key != "non_torch" else memory.BASIS[key][d.platform]
             assert term.source.endswith(f"[{basis}]") and re.search(r"\d public (?:\w+ )?logs?\b", basis), (key, term.source)
+
+
+def test_a_multimodal_model_says_its_encoder_profile_is_not_modelled_and_the_flags_that_remove_it_do():
+    """vLLM profiles a multimodal model's encoder (``profile_run``), which kvaudit cannot size without the processor:
+    the deployment says so, and its budget is an upper bound. The flags that remove that profile remove the note
+    (``--skip-mm-profiling``; every modality at 0, by ``--limit-mm-per-prompt`` or ``--language-model-only``, which
+    also drops the vision tower's weights as vLLM's model builds it); one modality at 0 leaves the other profiled."""
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import deploy
+
+    spec = load_model_spec(ROOT / "fixtures" / "architectures" / "Qwen--Qwen2-VL-2B")
+    base = {"device": "rtx4090-24g", "max_model_len": 4096, "util": 0.8}
+    full = deploy(spec, None, base)
+    assert len(full.unmodelled) == 1 and full.unmodelled[0].startswith("the multimodal encoder's profile (image, video:")
+    assert full.to_dict()["unmodelled"] == list(full.unmodelled)
+    from kvaudit.report.render import split_line
+
+    assert split_line(full).endswith("; the KV an upper bound: the multimodal encoder's profile not modelled")
+    video = deploy(spec, None, {**base, "limit_mm_per_prompt": '{"image": 0}'})
+    assert video.unmodelled[0].startswith("the multimodal encoder's profile (video:")
+    skip = deploy(spec, None, {**base, "skip_mm_profiling": True})
+    assert skip.unmodelled == () and skip.weights_bytes == full.weights_bytes
+    for text_only in ({"limit_mm_per_prompt": '{"image": 0, "video": 0}'}, {"language_model_only": True}):
+        d = deploy(spec, None, {**base, **text_only})
+        assert d.unmodelled == () and 0 < d.weights_bytes < full.weights_bytes - (1 << 30)  # (the 675M-parameter ViT)
+        assert d.kv_budget_bytes == full.kv_budget_bytes + full.weights_bytes - d.weights_bytes
+
+
+def test_a_multimodal_flag_that_would_change_nothing_is_refused():
+    from kvaudit.model.deployment import get_preset, load_preset_spec
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import deploy
+
+    vl = load_model_spec(ROOT / "fixtures" / "architectures" / "Qwen--Qwen2-VL-2B")
+    base = {"device": "rtx4090-24g", "max_model_len": 4096}
+    for options, message in (
+            ({"limit_mm_per_prompt": '{"audio": 1}'}, "--limit-mm-per-prompt: Qwen2VLForConditionalGeneration takes "
+                                                      "image, video; a limit on audio would change nothing"),
+            ({"limit_mm_per_prompt": '{"image": true}'}, "--limit-mm-per-prompt: 'image' must be a count of items"),
+            ({"limit_mm_per_prompt": '{"image": -1}'}, "--limit-mm-per-prompt: 'image' must be a count of items"),
+            ({"limit_mm_per_prompt": "[0]"}, "--limit-mm-per-prompt must be a JSON object")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            deploy(vl, None, {**base, **options})
+    text = load_preset_spec(get_preset("llama-3.1-8b"))
+    with pytest.raises(UsageError, match=re.escape("--skip-mm-profiling: Llama-3.1-8B")):
+        deploy(text, None, {**base, "skip_mm_profiling": True})
+    with pytest.raises(UsageError, match="takes text only, so it would change nothing"):
+        deploy(text, None, {**base, "limit_mm_per_prompt": '{"image": 0}'})

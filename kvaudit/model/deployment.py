@@ -7,6 +7,7 @@ holds (activations, non-torch allocations such as communication buffers), the ``
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
 
 
-LIMITS = {"tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
+LIMITS = {"mm_items": 1 << 16, "tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
           "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
           "max_cudagraph_capture_size": 1 << 16}
 """The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
@@ -322,6 +323,10 @@ class Deployment:
     enforce_eager: bool = False
     cudagraph_mode: str | None = None
     """``--compilation-config``'s ``cudagraph_mode`` (vLLM's ``CUDAGraphMode`` name); ``None``: vLLM's default."""
+    limit_mm_per_prompt: dict | None = field(default=None, hash=False)
+    """vLLM's ``--limit-mm-per-prompt`` (a multimodal model's items per prompt, by modality)."""
+    skip_mm_profiling: bool = False
+    language_model_only: bool = False
     usage_context: str = "serve"
     """Whose defaults vLLM gives what the options leave unset: ``serve`` (``vllm serve``) or ``llm`` (the ``LLM`` class)."""
     defaults: dict | None = field(default=None, hash=False)
@@ -336,6 +341,9 @@ class Deployment:
     the installed vLLM; for vllm-ascend, the vLLM its release pins); the installed vLLM plans either way."""
     overhead_terms: tuple[Term, ...] = field(default=(), hash=False)
     """``kvaudit.model.memory.Term`` s: peak activation, non-torch, CUDA graphs (or the one ``--overhead``)."""
+    unmodelled: tuple[str, ...] = field(default=(), hash=False)
+    """Memory the emulated release's profile holds that no term models (``kvaudit.model.memory.unmodelled``): each
+    makes the KV budget an upper bound."""
 
     @property
     def unbudgeted_bytes(self) -> int:
@@ -376,9 +384,12 @@ class Deployment:
             "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
             "hf_overrides": self.hf_overrides, "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_cudagraph_capture_size": self.max_cudagraph_capture_size, "cudagraph_mode": self.cudagraph_mode,
-            "enforce_eager": self.enforce_eager, "usage_context": self.usage_context, "defaults": self.defaults,
+            "enforce_eager": self.enforce_eager, "limit_mm_per_prompt": self.limit_mm_per_prompt,
+            "skip_mm_profiling": self.skip_mm_profiling, "language_model_only": self.language_model_only,
+            "usage_context": self.usage_context, "defaults": self.defaults,
             "platform": self.platform, "vllm_version": self.vllm_version,
             "overhead_terms": [t.to_dict() for t in self.overhead_terms], "unbudgeted_bytes": self.unbudgeted_bytes,
+            "unmodelled": list(self.unmodelled),
         }
 
 
@@ -435,4 +446,9 @@ def check_deployment(d: Deployment) -> None:
             raise UsageError(f"{what} must not be negative, got {v}")
         if v > MAX_BYTES:
             raise UsageError(f"{what} {v:,} B is more than kvaudit takes (1 PiB, {MAX_BYTES:,} B)")
+    for modality, limit in (d.limit_mm_per_prompt or {}).items():
+        count = limit.get("count", 0) if isinstance(limit, dict) else limit  # (vLLM's default count for an object)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= LIMITS["mm_items"]:
+            raise UsageError(f"--limit-mm-per-prompt: {modality!r} must be a count of items from 0 to "
+                             f"{LIMITS['mm_items']:,} (or vLLM's object with a 'count'), got {json.dumps(limit)[:60]}")
     d.model.check_parallel(d.tp, d.pp)

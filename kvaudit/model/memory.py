@@ -254,6 +254,29 @@ def subtracts_graph_estimate(release: str) -> tuple[bool, str]:
     return False, f"vLLM {release} does not subtract it (before {GRAPH_ESTIMATE_FROM}): used beyond the budget"
 
 
+def mm_encoder_profile(vc: Any) -> str | None:
+    """What vLLM's ``profile_run`` holds for a multimodal model's encoder, which no term models, or ``None`` where it
+    profiles none. vLLM runs the encoder over its largest item of each batch's worth (``MultiModalBudget``: the modality
+    with the most tokens per item, as its HF processor computes them) and caches the outputs while the forward runs; the
+    sizes need the model's processor files, which a config alone does not have. It skips the profile with
+    ``--skip-mm-profiling``, and a modality whose limit is 0 (``--limit-mm-per-prompt``, ``--language-model-only``) is not
+    profiled: ``allowed_mm_limits`` of vLLM's processing info for the model answers which are."""
+    mc = vc.model_config
+    mm = mc.multimodal_config
+    if not mc.is_multimodal_model or mm is None or mm.skip_mm_profiling:
+        return None
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    limits = MULTIMODAL_REGISTRY.get_processing_info(mc).allowed_mm_limits
+    profiled = sorted(m for m, n in limits.items() if n > 0)
+    if not profiled:
+        return None
+    return (f"the multimodal encoder's profile ({', '.join(profiled)}: vLLM runs the encoder on its largest item and "
+            "caches the outputs during the profile run; the sizes come from the model's processor, which kvaudit does "
+            "not load): the KV budget is an upper bound. --skip-mm-profiling or --limit-mm-per-prompt with 0 for each "
+            "modality, where the server sets them, remove it; --overhead gives the whole non-KV memory")
+
+
 def non_kv_terms(vc: Any, platform: str, release: str, last_stage: bool = True,
                  max_capture: int | None = None, mode: str | None = None) -> tuple[Term, ...]:
     """Every modelled term for the deployment ``vc`` describes, on ``cuda`` or ``ascend``, as ``release`` budgets

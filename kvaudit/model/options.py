@@ -76,6 +76,15 @@ DEPLOYMENT_OPTIONS = (
         "JSON object as vLLM's --compilation-config; kvaudit takes its cudagraph_mode (NONE, PIECEWISE, FULL, "
         "FULL_DECODE_ONLY, FULL_AND_PIECEWISE: which CUDA graphs take memory) and refuses keys it does not model.",
         DEPLOY),
+    Opt("limit_mm_per_prompt", Optional[str], None, ("--limit-mm-per-prompt",),
+        "JSON object as vLLM's --limit-mm-per-prompt (e.g. '{\"image\": 0, \"video\": 0}'): a modality at 0 is "
+        "neither profiled nor, where vLLM's model skips it, built. Multimodal models only.", DEPLOY),
+    Opt("skip_mm_profiling", bool, False, ("--skip-mm-profiling",),
+        "vLLM's --skip-mm-profiling: the multimodal encoder is not profiled at start-up. Multimodal models only.",
+        DEPLOY),
+    Opt("language_model_only", bool, False, ("--language-model-only",),
+        "vLLM's --language-model-only: every modality's limit is 0 (no encoder is built or profiled). Multimodal "
+        "models only.", DEPLOY),
     Opt("usage_context", str, "serve", ("--usage-context",),
         "Whose defaults vLLM gives what is unset: serve (vllm serve) or llm (the LLM class).", DEPLOY),
     Opt("num_speculative_tokens", int, 0, ("--num-speculative-tokens",),
@@ -114,7 +123,7 @@ def value_type(name: str) -> Any:
     ``bool``, ``str``, ``(str, int)`` for a size, ``(str, dict)`` for ``hf_overrides`` (a table or JSON)."""
     if name in SIZE_OPTIONS:
         return (str, int)
-    if name == "hf_overrides":
+    if name in ("hf_overrides", "limit_mm_per_prompt"):
         return (str, dict)
     t = next(o.type for o in DEPLOYMENT_OPTIONS if o.name == name)
     if typing.get_origin(t) in (typing.Union, types.UnionType):

@@ -257,7 +257,8 @@ def _build_key(d: Deployment) -> str:
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
-                     mxfp4_backend(d), emulated_release(d), d.max_cudagraph_capture_size)
+                     mxfp4_backend(d), emulated_release(d), d.max_cudagraph_capture_size, d.limit_mm_per_prompt,
+                     d.skip_mm_profiling, d.language_model_only)
 
 
 LARGEST_TIER_FROM, LARGEST_TIER_BYTES = "0.28.0", 160 << 30
@@ -320,6 +321,9 @@ def _engine_args(d: Deployment) -> dict[str, Any]:
     for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens",
                 "max_cudagraph_capture_size"):
         if getattr(d, key) is not None:
+            args[key] = getattr(d, key)
+    for key in ("limit_mm_per_prompt", "skip_mm_profiling", "language_model_only"):
+        if getattr(d, key):
             args[key] = getattr(d, key)
     if d.num_speculative_tokens:
         args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": d.num_speculative_tokens}
@@ -753,7 +757,9 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides,
         max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
         max_cudagraph_capture_size=o.get("max_cudagraph_capture_size"),
-        cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.get("usage_context") or "serve")
+        cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.get("usage_context") or "serve",
+        limit_mm_per_prompt=json_object("limit_mm_per_prompt", '{"image": 0, "video": 0}'),
+        skip_mm_profiling=bool(o.get("skip_mm_profiling")), language_model_only=bool(o.get("language_model_only")))
 
 
 def make_deployment(
@@ -785,6 +791,9 @@ def make_deployment(
     cudagraph_mode: str | None = None,
     enforce_eager: bool = False,
     usage_context: str = "serve",
+    limit_mm_per_prompt: dict | None = None,
+    skip_mm_profiling: bool = False,
+    language_model_only: bool = False,
     vllm_release: str | None = None,
     allow_no_kv_budget: bool = False,
 ) -> Deployment:
@@ -805,7 +814,8 @@ def make_deployment(
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
                    hf_overrides=hf_overrides, max_num_batched_tokens=max_num_batched_tokens,
                    max_cudagraph_capture_size=max_cudagraph_capture_size, cudagraph_mode=_graph_mode(cudagraph_mode),
-                   enforce_eager=enforce_eager, usage_context=usage_context,
+                   enforce_eager=enforce_eager, usage_context=usage_context, limit_mm_per_prompt=limit_mm_per_prompt,
+                   skip_mm_profiling=skip_mm_profiling, language_model_only=language_model_only,
                    platform=DEVICES[device].platform, vllm_version=vllm_release)
     if weights_bytes is not None and weights_bytes <= 0:
         raise UsageError(f"--weights must be positive, got {weights_bytes}")
@@ -814,6 +824,7 @@ def make_deployment(
         check_config(with_overrides(model.raw, hf_overrides), f"{model.config_path} with --hf-overrides")
     built = model_for(d)
     mc = built.vllm_config.model_config
+    _check_multimodal_options(d, mc)
     resolved: dict[str, Any] = dict(dtype=str(mc.dtype).removeprefix("torch."), max_model_len=mc.max_model_len,
                                     architecture=built.architecture)
     if weights_bytes is None:
@@ -838,6 +849,29 @@ def make_deployment(
     return d
 
 
+MULTIMODAL_FLAGS = {"limit_mm_per_prompt": "--limit-mm-per-prompt", "skip_mm_profiling": "--skip-mm-profiling",
+                    "language_model_only": "--language-model-only"}
+
+
+def _check_multimodal_options(d: Deployment, mc: Any) -> None:
+    """Refuse a multimodal option that would change nothing: on a text-only model, or a modality limit the model
+    does not take (vLLM's processing info for the model lists its modalities; vLLM itself ignores the others)."""
+    given = [flag for key, flag in MULTIMODAL_FLAGS.items() if getattr(d, key)]
+    if not given:
+        return
+    if not mc.is_multimodal_model:
+        raise UsageError(f"{', '.join(given)}: {d.model.name} ({mc.architecture}) takes text only, so "
+                         f"{'they' if len(given) > 1 else 'it'} would change nothing")
+    if d.limit_mm_per_prompt:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        taken = MULTIMODAL_REGISTRY.get_processing_info(mc).supported_mm_limits
+        other = sorted(set(d.limit_mm_per_prompt) - set(taken))
+        if other:
+            raise UsageError(f"--limit-mm-per-prompt: {mc.architecture} takes {', '.join(sorted(taken))}; a limit on "
+                             f"{', '.join(other)} would change nothing")
+
+
 def emulated_release(d: Deployment) -> str:
     """The vLLM release whose budget and start-up lines the deployment follows: ``--vllm-version``, else the
     installed vLLM."""
@@ -854,8 +888,9 @@ def _non_kv(d: Deployment, vc: Any, overhead_bytes: int | None) -> dict[str, Any
     else:
         terms = memory.non_kv_terms(vc, d.platform, release, last_stage=d.pp_rank == d.pp - 1,
                                     max_capture=d.max_cudagraph_capture_size, mode=d.cudagraph_mode)
+    encoder = memory.mm_encoder_profile(vc) if overhead_bytes is None else None
     return {"overhead_terms": terms, "overhead_bytes": sum(t.bytes for t in terms if t.budgeted),
-            "vllm_version": release}
+            "vllm_version": release, "unmodelled": (encoder,) if encoder else ()}
 
 
 def _serve_defaults(d: Deployment, vc: Any) -> dict[str, Any]:

@@ -129,7 +129,9 @@ def split_line(d: Deployment) -> str:
             if d.kv_cache_memory_bytes is None else "--kv-cache-memory: ")
     line = head + " + ".join(parts + [f"KV {fmt_bytes(d.kv_budget_bytes)}"]) + f" (vLLM {d.vllm_version}'s budget)"
     beyond = [f"{TITLES[t.key]} {fmt_bytes(t.bytes)}" for t in d.overhead_terms if not t.budgeted]
-    return line + (f"; beyond it: {', '.join(beyond)}" if beyond else "")
+    unknown = [note.split(" (")[0] for note in d.unmodelled] if d.kv_cache_memory_bytes is None else []
+    return line + (f"; beyond it: {', '.join(beyond)}" if beyond else "") + (
+        f"; the KV an upper bound: {', '.join(unknown)} not modelled" if unknown else "")
 
 
 def defaults_line(d: Deployment) -> str:
@@ -258,7 +260,10 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
         dep.add_row(TITLES[t.key], f"{fmt_bytes(t.bytes)} ({e(t.source)})")
     budget = ("--kv-cache-memory" if d.kv_cache_memory_bytes is not None
               else "device memory × utilization − weights − the terms above")
-    dep.add_row("KV budget", f"[bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B = {budget})")
+    dep.add_row("KV budget", f"[bold]{fmt_bytes(d.kv_budget_bytes)}[/] ({d.kv_budget_bytes:,} B = {budget})"
+                + (", an upper bound" if d.unmodelled and d.kv_cache_memory_bytes is None else ""))
+    for note in d.unmodelled:
+        dep.add_row("not modelled", e(note))
     extras = []
     if d.kv_transfer:
         extras.append("--kv-transfer: vllm-ascend's 2 MiB-aligned buffers")
@@ -272,7 +277,10 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
                         ("--enforce-eager", True if d.enforce_eager else None),
                         ("--compilation-config", f'{{"cudagraph_mode": "{d.cudagraph_mode}"}}' if d.cudagraph_mode else None),
                         ("--usage-context", d.usage_context if d.usage_context != "serve" else None),
-                        ("--num-speculative-tokens", d.num_speculative_tokens or None), ("--hf-overrides", d.hf_overrides)):
+                        ("--num-speculative-tokens", d.num_speculative_tokens or None), ("--hf-overrides", d.hf_overrides),
+                        ("--limit-mm-per-prompt", json.dumps(d.limit_mm_per_prompt) if d.limit_mm_per_prompt else None),
+                        ("--skip-mm-profiling", True if d.skip_mm_profiling else None),
+                        ("--language-model-only", True if d.language_model_only else None)):
         if value is not None and flag[2:].replace("-", "_") not in taken:
             extras.append(f"{flag} {value}" if value is not True else flag)
     if extras:
