@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvaudit.errors import ConfigError, UsageError
@@ -86,7 +88,7 @@ def test_deploy_hands_every_option_to_the_deployment():
          "kv_cache_memory": "20GiB", "kv_transfer": True, "num_blocks": 123, "pp": 2, "kv_cache_dtype": "fp8",
          "quantization": "fp8", "block_size": 32, "enable_prefix_caching": False, "max_num_seqs": 7,
          "hf_overrides": '{"max_position_embeddings": 65536}', "max_num_batched_tokens": 4096,
-         "enforce_eager": True, "max_cudagraph_capture_size": 64, "usage_context": "llm"}
+         "enforce_eager": True, "max_cudagraph_capture_size": 64, "usage_context": "llm", "dp": 3}
     d = deploy(load_preset_spec(get_preset("llama-3.1-8b")), get_preset("qwen3-next"), o, pp_rank=1)
     assert (d.tp, d.gpu_memory_utilization, d.max_model_len, d.pp, d.pp_rank) == (2, 0.8, 4096, 2, 1)
     assert (d.device_memory_bytes, d.weights_bytes, d.overhead_bytes, d.kv_cache_memory_bytes) == (
@@ -96,7 +98,7 @@ def test_deploy_hands_every_option_to_the_deployment():
         "0.30.0", True, 123, "fp8", "fp8")
     assert (d.block_size, d.enable_prefix_caching, d.max_num_seqs, d.max_num_batched_tokens) == (32, False, 7, 4096)
     assert d.hf_overrides == {"max_position_embeddings": 65536}
-    assert (d.enforce_eager, d.max_cudagraph_capture_size, d.usage_context) == (True, 64, "llm")
+    assert (d.enforce_eager, d.max_cudagraph_capture_size, d.usage_context, d.dp) == (True, 64, "llm", 3)
     hybrid = deploy(load_preset_spec(get_preset("qwen3-next")), None, {
         "mamba_cache_mode": "none", "num_speculative_tokens": 1, "overhead": "0", "device": "a100-80g",
         "weights": "10GiB"})
@@ -163,3 +165,38 @@ def test_batch_defaults_follow_the_device_kind_as_vllm_reads_it(device, tier):
                         max_model_len=4096, device=device)
     assert d.max_num_batched_tokens == tier and d.platform == "cuda"
 
+
+
+def test_data_and_expert_parallel_split_the_experts_as_vllms_moe_layer_does():
+    """``--dp`` and ``--enable-expert-parallel`` reach vLLM's ``FusedMoEParallelConfig``: with DP 2 an MoE model's
+    experts are split over the DP × TP ranks (by width, or whole with expert parallelism), the attention only by TP;
+    a dense model's rank is the same at any DP. gpt-oss's MXFP4 experts pad their width, so whole experts weigh
+    less than width-split ones: vLLM built them whole. EP where it changes nothing is refused."""
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import deploy
+
+    arch = Path(__file__).resolve().parents[1] / "fixtures" / "architectures"
+    moe = load_model_spec(arch / "Qwen--Qwen3-30B-A3B")
+    base = {"device": "h100-80g", "max_model_len": 4096}
+    one, dp2, tp2 = (deploy(moe, None, {**base, **o}) for o in ({}, {"dp": 2}, {"tp": 2}))
+    experts = 48 * 128 * 3 * 2048 * 768 * 2  # Qwen3-30B-A3B: layers × experts × (gate, up, down) × hidden × width, bf16
+    assert one.weights_bytes - dp2.weights_bytes == experts // 2
+    assert dp2.weights_bytes - tp2.weights_bytes > 1 << 30  # (TP 2 splits attention and embeddings too)
+    assert "rank 0 of DP 2: experts by width over 2 ranks" in dp2.weights_source
+    assert "DP 2" in next(t for t in dp2.overhead_terms if t.key == "non_torch").source
+    ep = deploy(moe, None, {**base, "dp": 2, "enable_expert_parallel": True})
+    assert ep.weights_bytes - dp2.weights_bytes == 48 * 128 * 4  # vLLM's expert_map: an int32 per expert, per layer
+    assert "experts whole over 2 ranks (expert parallel)" in ep.weights_source
+    act = {d: next(t.bytes for t in d.overhead_terms if t.key == "peak_activation") for d in (one, dp2, ep)}
+    assert act[one] < act[dp2] < act[ep]  # (the DP group's tokens gathered; whole experts are twice as wide)
+    oss = load_model_spec(arch / "openai--gpt-oss-20b")
+    width, whole = (deploy(oss, None, {**base, "tp": 2, **o}) for o in ({}, {"enable_expert_parallel": True}))
+    assert whole.weights_bytes < width.weights_bytes - (64 << 20)
+    dense = load_preset_spec(get_preset("llama-3.1-8b"))
+    assert deploy(dense, None, {**base, "dp": 4}).weights_bytes == deploy(dense, None, base).weights_bytes
+    with pytest.raises(ConfigError, match="Number of experts in the model must be greater than 0 when expert"):
+        deploy(dense, None, {**base, "tp": 2, "enable_expert_parallel": True})
+    with pytest.raises(UsageError, match="with DP 1 and TP 1: one rank holds every expert either way"):
+        deploy(moe, None, {**base, "enable_expert_parallel": True})
+    with pytest.raises(UsageError, match="--dp must be at least 1"):
+        deploy(moe, None, {**base, "dp": -1})

@@ -18,7 +18,7 @@ from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
 
 
-LIMITS = {"mm_items": 1 << 16, "tp": 256, "pp": 128, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
+LIMITS = {"mm_items": 1 << 16, "tp": 256, "pp": 128, "dp": 1024, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
           "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
           "max_cudagraph_capture_size": 1 << 16}
 """The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
@@ -305,6 +305,9 @@ class Deployment:
     num_blocks_override: int | None
     pp: int = 1
     pp_rank: int = 0
+    dp: int = 1
+    """vLLM's ``--data-parallel-size``: engines side by side, each with its own KV cache (the plan is one DP rank's)."""
+    enable_expert_parallel: bool = False
     requested_dtype: str = "auto"
     architecture: str = ""
     kv_cache_dtype: str = "auto"
@@ -371,6 +374,7 @@ class Deployment:
             "model": self.model.name, "config_path": str(self.model.config_path),
             "model_type": self.model.model_type, "architecture": self.architecture,
             "tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp, "pipeline_parallel_rank": self.pp_rank,
+            "data_parallel_size": self.dp, "enable_expert_parallel": self.enable_expert_parallel,
             "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "quantization": self.quantization,
             "max_model_len": self.max_model_len, "device": self.device,
             "device_memory_bytes": self.device_memory_bytes, "device_memory_given": self.device_memory_given,
@@ -410,7 +414,7 @@ def check_deployment(d: Deployment) -> None:
     (all through ``kvaudit.plan.planner.make_deployment``) and saved plans (``kvaudit.plan.planfile``) pass through here."""
     if not (isinstance(d.gpu_memory_utilization, (int, float)) and 0.0 < d.gpu_memory_utilization <= 1.0):
         raise UsageError(f"--util must be in (0, 1], got {d.gpu_memory_utilization}")
-    for what, n, key in (("--tp", d.tp, "tp"), ("--pp", d.pp, "pp"), ("--max-model-len", d.max_model_len, "max_model_len"),
+    for what, n, key in (("--tp", d.tp, "tp"), ("--pp", d.pp, "pp"), ("--dp", d.dp, "dp"), ("--max-model-len", d.max_model_len, "max_model_len"),
                          ("--num-blocks", d.num_blocks_override, "num_blocks"), ("--block-size", d.block_size, "block_size"),
                          ("--max-num-seqs", d.max_num_seqs, "max_num_seqs"),
                          ("--max-num-batched-tokens", d.max_num_batched_tokens, "max_num_batched_tokens"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.errors import UsageError
+from kvaudit.model.spec import EXPERT_COUNTS
 from kvaudit.units import GiB, MiB
 from kvaudit.versions import version_key
 
@@ -110,7 +111,9 @@ def _dims(vc: Any) -> dict[str, int]:
     """The model's per-rank widths from vLLM's ``ModelConfig`` (heads and layers as vLLM divides them)."""
     mc, pc = vc.model_config, vc.parallel_config
     cfg = mc.hf_text_config
-    tp = pc.tensor_parallel_size
+    tp, dp = pc.tensor_parallel_size, pc.data_parallel_size
+    # vLLM's FusedMoEParallelConfig.make: experts split by width over DP × TP ranks, or whole with expert parallelism
+    expert_split = 1 if pc.enable_expert_parallel and dp * tp > 1 else dp * tp
 
     def get(*names: str) -> int:
         for n in names:
@@ -119,13 +122,16 @@ def _dims(vc: Any) -> dict[str, int]:
                 return v
         return 0
 
-    experts = get("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    experts = get(*EXPERT_COUNTS)
     return {
         "hidden": mc.get_hidden_size(), "vocab": mc.get_vocab_size(), "layers": max(1, mc.get_num_layers(pc)),
         "q": mc.get_num_attention_heads(pc) * mc.get_head_size(), "kv": mc.get_num_kv_heads(pc) * mc.get_head_size(),
         "dense": -(-get("intermediate_size", "ffn_hidden_size") // tp),
         "experts": experts, "topk": get("num_experts_per_tok", "experts_per_token", "moe_topk") if experts else 0,
-        "moe": -(-get("moe_intermediate_size", "expert_intermediate_size", "intermediate_size") // tp) if experts else 0,
+        "moe": -(-get("moe_intermediate_size", "expert_intermediate_size", "intermediate_size") // expert_split)
+        if experts else 0,
+        "gathered": dp,  # an MoE layer's tokens per token of the rank's batch: the DP group's, all-gathered
+
         "shared": -(-(get("shared_expert_intermediate_size") or get("n_shared_experts") * get("moe_intermediate_size"))
                     // tp) if experts else 0,
     }
@@ -135,12 +141,14 @@ def _forward_width(dims: dict[str, int]) -> int:
     """Values per token live at a decoder layer's widest point: the residual stream (hidden states, residual,
     normed input) plus the wider of attention (q, k, v and the output) and the MLP (the dense gate-up and
     activation; for MoE, the fused-experts workspaces vLLM's ``fused_experts`` allocates per routed token:
-    ``max(2N, hidden)`` and ``N``, with N the expert width on this rank)."""
+    ``max(2N, hidden)`` and ``N``, with N the expert width on this rank, for the tokens of every DP rank, which vLLM's
+    default all-to-all, ``allgather_reducescatter``, gathers before the experts run)."""
     attn = dims["q"] * 2 + dims["kv"] * 2
     mlp = 3 * dims["dense"]
     if dims["experts"]:
         n = dims["moe"]
-        mlp = max(mlp, dims["topk"] * (max(2 * n, dims["hidden"]) + n) + 3 * dims["shared"])  # (dense layers too)
+        mlp = max(mlp, dims["gathered"] * dims["topk"] * (max(2 * n, dims["hidden"]) + n)
+                  + 3 * dims["shared"])  # (dense layers too)
     return 3 * dims["hidden"] + max(attn, mlp)
 
 
@@ -176,13 +184,14 @@ def non_torch(vc: Any, platform: str) -> Term:
     """Memory outside torch's allocator: workspaces, plus the collectives' buffers once the rank has peers (and on
     Ascend the MoE communication group's, for an MoE model)."""
     pc = vc.parallel_config
-    peers = pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1
+    peers = pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1 or pc.data_parallel_size > 1
     moe = peers and _dims(vc)["experts"] > 0 and MOE_COLLECTIVE_BYTES[platform] > 0
     lib = "HCCL" if platform == "ascend" else "NCCL"
     total = NON_TORCH_BYTES[platform] + (COLLECTIVE_BYTES[platform] if peers else 0) + (
         MOE_COLLECTIVE_BYTES[platform] if moe else 0)
     return Term("non_torch", total, "workspaces" + (
-        f" + {lib} buffers (TP {pc.tensor_parallel_size}, PP {pc.pipeline_parallel_size})" if peers else " (no peers)")
+        f" + {lib} buffers (TP {pc.tensor_parallel_size}, PP {pc.pipeline_parallel_size}"
+        + (f", DP {pc.data_parallel_size}" if pc.data_parallel_size > 1 else "") + ")" if peers else " (no peers)")
         + (" + the MoE (mc2) group's HCCL buffers" if moe else "") + f" [{BASIS['non_torch'][platform]}]")
 
 

@@ -47,6 +47,11 @@ DEPLOYMENT_OPTIONS = (
     Opt("pp", int, 1, ("--pp", "--pipeline-parallel-size"),
         "Pipeline-parallel size: each stage is budgeted on its own; all take the smallest stage's num_blocks.",
         DEPLOY),
+    Opt("dp", int, 1, ("--dp", "--data-parallel-size"),
+        "Data-parallel size: each DP rank runs its own engine (its own KV cache); an MoE model's experts are split over "
+        "DP × TP ranks, by width, or whole with --enable-expert-parallel.", DEPLOY),
+    Opt("enable_expert_parallel", bool, False, ("--enable-expert-parallel",),
+        "vLLM's --enable-expert-parallel: each of the DP × TP ranks holds whole experts (MoE models only).", DEPLOY),
     Opt("pp_rank", Optional[int], None, ("--pp-rank",), "Audit this pipeline stage only (default: every stage).",
         DEPLOY),
     Opt("max_model_len", Optional[int], None, ("--max-model-len",),

@@ -14,6 +14,10 @@ from typing import Any, Mapping
 from kvaudit.errors import ConfigError, UsageError
 
 
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+"""The config keys that hold an MoE model's routed experts, by family (Qwen, Mixtral, DeepSeek, ERNIE)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model config as read: its identity and the fields checked before vLLM plans it."""
@@ -39,6 +43,12 @@ class ModelSpec:
     """The language model's config (``text_config`` inside a multimodal wrapper, else ``raw``)."""
     trust_remote_code: bool = False
     """vLLM's ``--trust-remote-code``: whether the folder's own config and model code may run."""
+
+    @property
+    def routed_experts(self) -> int:
+        """The model's routed experts (0 for a dense model), under the config keys ``EXPERT_COUNTS`` names."""
+        return next((n for n in (self.text.get(k) for k in EXPERT_COUNTS)
+                     if isinstance(n, int) and not isinstance(n, bool) and n > 0), 0)
 
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse what no PP split of this model can be (``make_deployment`` has checked both are at

@@ -53,6 +53,7 @@ class BuiltModel:
     _tp: int = 1
     _pp: int = 1
     _pp_rank: int = 0
+    _dp: int = 1
 
     def kv_cache_specs(self, vllm_config: Any | None = None) -> dict[str, Any]:
         """``{layer name: KVCacheSpec}`` as the model runner's ``get_kv_cache_spec`` returns them, for
@@ -60,7 +61,7 @@ class BuiltModel:
         vc = vllm_config or self.vllm_config
         v = _modules()
         try:
-            with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank), \
+            with _stand_ins(v), _parallel_view(v, self._tp, self._pp, self._pp_rank, self._dp), \
                     v.config.set_current_vllm_config(vc):
                 return dict(v.attn_utils.get_kv_cache_spec(vc))
         except (KvauditError, MemoryError):
@@ -495,7 +496,7 @@ def _stand_ins(v: _Modules) -> Iterator[None]:
 
 
 def _init_distributed(v: _Modules, vc: Any) -> None:
-    """One single-process gloo group, as vLLM's own CPU tests set up; TP and PP ranks are views.
+    """One single-process gloo group, as vLLM's own CPU tests set up; TP, PP and DP ranks are views.
     The model runner's scratch workspace (read by DeepSeek-V3.2's indexer) lives on ``meta``."""
     ps = v.ps
     if ps.model_parallel_is_initialized():
@@ -507,7 +508,10 @@ def _init_distributed(v: _Modules, vc: Any) -> None:
     store = tempfile.mkdtemp(prefix="kvaudit-dist-")  # gloo's file store; removed by remove_temp_files
     _TEMP_DIRS.append(store)
     atexit.register(remove_temp_files)
-    with v.config.set_current_vllm_config(vc), contextlib.redirect_stdout(sys.__stderr__):
+    single = copy.copy(vc)  # (a DP size above 1 would make vLLM join a group of DP × TP processes: DP is a view too)
+    object.__setattr__(single, "parallel_config", copy.copy(vc.parallel_config))
+    object.__setattr__(single.parallel_config, "data_parallel_size", 1)
+    with v.config.set_current_vllm_config(single), contextlib.redirect_stdout(sys.__stderr__):
         ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                         distributed_init_method=f"file://{os.path.join(store, 'store')}")
         ps.initialize_model_parallel(1, 1)
@@ -524,9 +528,10 @@ def remove_temp_files() -> None:
 
 
 @contextlib.contextmanager
-def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int) -> Iterator[None]:
-    """Rank 0 of a TP group of ``tp`` and rank ``pp_rank`` of a PP group of ``pp``, as the model code
-    reads them (``world_size``, ``rank_in_group``, first/last rank); no collective is ever run."""
+def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int, dp: int = 1) -> Iterator[None]:
+    """Rank 0 of a TP group of ``tp``, rank ``pp_rank`` of a PP group of ``pp`` and rank 0 of a DP group of ``dp``
+    (which an MoE layer reads to split its experts, ``FusedMoEParallelConfig.make``), as the model code reads them
+    (``world_size``, ``rank_in_group``, first/last rank); no collective is ever run."""
     ps = v.ps
     tp_view = copy.copy(ps._TP)
     tp_view.world_size, tp_view.rank_in_group, tp_view.ranks = tp, 0, list(range(tp))
@@ -535,6 +540,10 @@ def _parallel_view(v: _Modules, tp: int, pp: int, pp_rank: int) -> Iterator[None
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(ps, "_TP", tp_view))
         stack.enter_context(_patched(ps, "_PP", pp_view))
+        if getattr(ps, "_DP", None) is not None:
+            dp_view = copy.copy(ps._DP)
+            dp_view.world_size, dp_view.rank_in_group, dp_view.ranks = dp, 0, list(range(dp))
+            stack.enter_context(_patched(ps, "_DP", dp_view))
         if getattr(ps, "_EP", 0) is None:  # made only when the first model built was an MoE
             stack.enter_context(_patched(ps, "_EP", copy.copy(ps._WORLD)))
         yield
@@ -561,7 +570,7 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
     vLLM's refusal is a ConfigError."""
     v = _modules()
     pc = vc.parallel_config
-    tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
+    tp, pp, dp = pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.data_parallel_size
     _init_distributed(v, vc)
     torch = v.torch
     arch = vc.model_config.architecture
@@ -570,7 +579,7 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
                           "builds it only beside the model it drafts for, given with --speculative-config; plan that "
                           "model (kvaudit plans an MTP draft with --num-speculative-tokens, not an EAGLE head)")
     try:
-        with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank), v.config.set_current_vllm_config(vc), \
+        with _stand_ins(v), _parallel_view(v, tp, pp, pp_rank, dp), v.config.set_current_vllm_config(vc), \
                 torch.device("meta"), v.torch_utils.set_default_torch_dtype(vc.model_config.dtype):
             models = [v.loader.initialize_model(vllm_config=vc)]
             models += _draft_model(v, vc)
@@ -581,7 +590,7 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
         raise ConfigError(f"vLLM could not build {arch} for this deployment: {type(e).__name__}: "
                           f"{first_line(e, 300)}") from None
     built = BuiltModel(vllm_config=vc, architecture=arch, weights_bytes=_storage_bytes(models),
-                       online=online, _tp=tp, _pp=pp, _pp_rank=pp_rank)
+                       online=online, _tp=tp, _pp=pp, _pp_rank=pp_rank, _dp=dp)
     _BUILT[key] = built
     return built
 

@@ -253,7 +253,7 @@ def _build_key(d: Deployment) -> str:
     from kvaudit.model.vllm_model import cache_key
 
     return cache_key(os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"), str(d.model.config_path),
-                     d.model.trust_remote_code, d.tp, d.pp, d.pp_rank, d.requested_dtype, d.max_model_len,
+                     d.model.trust_remote_code, d.tp, d.pp, d.pp_rank, d.dp, d.enable_expert_parallel, d.requested_dtype, d.max_model_len,
                      d.quantization, d.kv_cache_dtype, d.num_speculative_tokens, d.hf_overrides,
                      d.max_num_seqs, d.block_size, d.enable_prefix_caching, d.mamba_cache_mode,
                      d.max_num_batched_tokens, d.enforce_eager, d.usage_context, d.device_memory_bytes, d.device,
@@ -316,7 +316,8 @@ def _engine_args(d: Deployment) -> dict[str, Any]:
     args: dict[str, Any] = dict(
         model=str(_model_dir(d.model.config_path)), dtype=d.requested_dtype, max_model_len=d.max_model_len,
         quantization=d.quantization, hf_overrides=dict(d.hf_overrides or {}), kv_cache_dtype=d.kv_cache_dtype,
-        tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp, enforce_eager=d.enforce_eager,
+        tensor_parallel_size=d.tp, pipeline_parallel_size=d.pp, data_parallel_size=d.dp,
+        enable_expert_parallel=d.enable_expert_parallel, enforce_eager=d.enforce_eager,
         skip_tokenizer_init=True, trust_remote_code=d.model.trust_remote_code)
     for key in ("block_size", "enable_prefix_caching", "mamba_cache_mode", "max_num_seqs", "max_num_batched_tokens",
                 "max_cudagraph_capture_size"):
@@ -750,7 +751,8 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         device_memory_bytes=device_memory, dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
         overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.get("vllm_version"),
         kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
-        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank,
+        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank, dp=o.get("dp") or 1,
+        enable_expert_parallel=bool(o.get("enable_expert_parallel")),
         kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
         block_size=o.get("block_size"), enable_prefix_caching=o.get("enable_prefix_caching"),
         mamba_cache_mode=o.get("mamba_cache_mode"), max_num_seqs=o.get("max_num_seqs"),
@@ -778,6 +780,8 @@ def make_deployment(
     num_blocks_override: int | None = None,
     pp: int = 1,
     pp_rank: int = 0,
+    dp: int = 1,
+    enable_expert_parallel: bool = False,
     kv_cache_dtype: str = "auto",
     quantization: str | None = None,
     block_size: int | None = None,
@@ -808,7 +812,8 @@ def make_deployment(
                    gpu_memory_utilization=gpu_memory_utilization, weights_bytes=weights_bytes or 0,
                    weights_source="--weights", overhead_bytes=overhead_bytes or 0,
                    kv_cache_memory_bytes=kv_cache_memory_bytes, kv_transfer=kv_transfer,
-                   num_blocks_override=num_blocks_override, pp=pp, pp_rank=pp_rank, requested_dtype=dtype,
+                   num_blocks_override=num_blocks_override, pp=pp, pp_rank=pp_rank, dp=dp,
+                   enable_expert_parallel=enable_expert_parallel, requested_dtype=dtype,
                    kv_cache_dtype=kv_cache_dtype, quantization=quantization, block_size=block_size,
                    enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
                    max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
@@ -825,12 +830,16 @@ def make_deployment(
     built = model_for(d)
     mc = built.vllm_config.model_config
     _check_multimodal_options(d, mc)
+    _check_expert_parallel(d, mc)
     resolved: dict[str, Any] = dict(dtype=str(mc.dtype).removeprefix("torch."), max_model_len=mc.max_model_len,
                                     architecture=built.architecture)
     if weights_bytes is None:
         resolved.update(weights_bytes=built.weights_bytes, weights_source=(
             f"parameters and buffers of vLLM's {built.architecture} built for rank 0 of TP {tp}"
             + (f", stage {pp_rank} of PP {pp}" if pp > 1 else "")
+            + (f", rank 0 of DP {dp}" if dp > 1 else "")
+            + (f": experts whole over {dp * tp} ranks (expert parallel)" if enable_expert_parallel else
+               f": experts by width over {dp * tp} ranks" if dp > 1 and mc.get_num_experts() else "")
             + f" ({resolved['dtype']}, quantization {mc.quantization or 'none'}"
             + (f", quantized after loading by {built.online}" if built.online else "") + ")"))
     resolved.update(_serve_defaults(d, built.vllm_config))
@@ -870,6 +879,15 @@ def _check_multimodal_options(d: Deployment, mc: Any) -> None:
         if other:
             raise UsageError(f"--limit-mm-per-prompt: {mc.architecture} takes {', '.join(sorted(taken))}; a limit on "
                              f"{', '.join(other)} would change nothing")
+
+
+def _check_expert_parallel(d: Deployment, mc: Any) -> None:
+    """Refuse ``--enable-expert-parallel`` where it would change nothing: on one rank (vLLM's
+    ``FusedMoEParallelConfig.make`` uses EP only when DP × TP > 1). A model without routed experts vLLM refuses itself
+    (``ModelConfig``: "Number of experts in the model must be greater than 0 ...")."""
+    if d.enable_expert_parallel and d.dp * d.tp == 1:
+        raise UsageError("--enable-expert-parallel with DP 1 and TP 1: one rank holds every expert either way, so it "
+                         "would change nothing (vLLM splits experts over DP × TP ranks)")
 
 
 def emulated_release(d: Deployment) -> str:

@@ -249,6 +249,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     kv_layers = len(results[0].plan.layer_specs) if results else 0
     dep.add_row("model", f"{e(m.name)} ({e(str(d.architecture or m.architecture))}, {kv_layers} KV-cache layers on this rank) · "
                          f"TP {d.tp}" + (f" · PP {d.pp} stage {d.pp_rank}" if d.pp > 1 else "")
+                         + (f" · DP {d.dp}" if d.dp > 1 else "") + (" · expert parallel" if d.enable_expert_parallel else "")
                          + f" · {d.dtype} · kv-cache-dtype {d.kv_cache_dtype} · max-model-len {d.max_model_len}")
     dep.add_row("device memory", f"{fmt_bytes(d.device_memory_bytes)} ({d.device_memory_bytes:,} B"
                                  + (f", {e(dev.title)}" if dev else "")

@@ -381,7 +381,8 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
         missing.append("which model: the `vllm serve` command line, or the model's name and its config.json")
     exact = None if family_of else preset
     values["tensor parallel size"] = _tp(ev, exact)
-    for key, name in (("pp", "pipeline parallel size"), ("dp", "data parallel size")):
+    for key, name in (("pp", "pipeline parallel size"), ("dp", "data parallel size"),
+                      ("enable_expert_parallel", "expert parallel")):
         if f := ev.first(key):
             values[name] = from_fact(f)
     p = PRESETS.get(exact) if exact else None
@@ -441,7 +442,11 @@ def _deployment_args(values: dict[str, Sourced], inputs: _Inputs) -> dict[str, A
     args = dict(tp=v["tensor parallel size"], max_model_len=v["max model len"] or spec.max_position_embeddings,
                 gpu_memory_utilization=v["gpu_memory_utilization"], device_memory_bytes=v.get("device memory"),
                 dtype=v.get("dtype") or "auto", weights_bytes=v.get("weights"), kv_transfer=bool(v.get("KV transfer")),
-                kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1)
+                kv_cache_dtype=v.get("kv-cache dtype") or "auto", pp=v.get("pipeline parallel size") or 1,
+                dp=v.get("data parallel size") or 1,
+                # (vLLM uses expert parallelism only for routed experts over more than one rank, and ignores it else)
+                enable_expert_parallel=bool(v.get("expert parallel")) and (v.get("data parallel size") or 1) * (
+                    v["tensor parallel size"] or 1) > 1 and spec.routed_experts > 0)
     if args["device_memory_bytes"] is None:
         args.pop("device_memory_bytes")
     args["device"] = "h100-80g" if inputs.platform == "cuda" else "atlas-a2-64g"  # (and whose worker budgets)
