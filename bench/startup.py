@@ -98,7 +98,7 @@ def deployment(inp: dict, case: dict, kv_cache_memory: int | None = None):
         device_memory_bytes=None if device.startswith("a100") or not inp.get("device_memory")
         else parse_size(str(inp["device_memory"]), "device_memory"),
         hf_overrides=inp.get("hf_overrides"), vllm_release=inp.get("vllm_version"),
-        kv_cache_memory_bytes=kv_cache_memory, **o)
+        kv_cache_memory_bytes=kv_cache_memory, allow_no_kv_budget=bool(inp.get("allow_no_kv_budget")), **o)
 
 
 def rule_for(inp: dict, case: dict) -> str:

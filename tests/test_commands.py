@@ -120,13 +120,14 @@ def test_changes_between_releases():
     assert [c.release for c in since_before("0.2.5")] == ["0.2.5"]
     assert [c.release for c in since_before("0.8.1")] == ["0.8.0"]
     assert [c.release for c in between("0.23.0", "0.25.1")] == ["0.25.0"]  # Model Runner V2 (vllm issue 49224)
-    assert [c.release for c in between("0.20.2", "0.22.0")] == ["0.21.0"]  # graph memory taken from the KV budget
+    assert [c.release for c in between("0.19.1", "0.20.2")] == ["0.20.0"]  # graph memory taken from the KV budget
+    assert between("0.20.2", "0.22.0") == []  # (vllm/envs.py of 0.20.0 already defaults the estimate on)
 
 
 def test_a_change_named_by_its_switch():
     got = _facts("[Bug]: Model Runner V2 (now default for dense models) skips CUDA graph memory reservation\n"
                  "export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1")
-    assert got["change_named"] == ["0.21.0", "0.25.0"]
+    assert got["change_named"] == ["0.20.0", "0.25.0"]
     assert "change_named" not in _facts("vllm serve m --enforce-eager  # the model runner is fine")
 
 

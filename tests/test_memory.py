@@ -157,15 +157,18 @@ def test_startup_lines_in_the_wording_of_vllm_0_11():
     assert lines[-1].startswith("Maximum concurrency for 8,192 tokens per request: ")
 
 
-def test_kv_cache_tokens_changed_meaning_in_0_21():
-    """For a hybrid the old definition (blocks per group × block size) and the new (concurrency × length) differ."""
+def test_kv_cache_tokens_changed_meaning_in_0_20_1():
+    """For a hybrid the old definition (blocks per group × block size) and the new (concurrency × length) differ; the
+    patch release 0.20.1 brought the new one (its sdist's ``_report_kv_cache_config``; a Gemma 4 start on 0.20.2 logs
+    984,297 tokens = 30.04 × 32,768)."""
     d = deployment("qwen3-next", device="h100-80g", gpu_memory_utilization=0.9)
     plan = plan_for(d, "cuda")
     cap = capacity(plan)
-    old = startup.kv_cache_tokens(plan, cap, "0.20.2")
-    new = startup.kv_cache_tokens(plan, cap, "0.21.0")
+    old = startup.kv_cache_tokens(plan, cap, "0.20.0")
+    new = startup.kv_cache_tokens(plan, cap, "0.20.1")
     assert old == plan.num_blocks // 4 * plan.block_size
     assert new == int(cap.max_concurrency * d.max_model_len) and new != old
+    assert startup.kv_cache_tokens(plan, cap, "0.21.0") == new
 
 
 def test_ascend_startup_lines():

@@ -18,9 +18,10 @@ from kvaudit.versions import version_key
 if TYPE_CHECKING:
     from kvaudit.plan.capacity import Capacity
 
-TOKENS_AS_CONCURRENCY_FROM = "0.21.0"
+TOKENS_AS_CONCURRENCY_FROM = "0.20.1"
 """The first vLLM release whose "GPU KV cache size: N tokens" is ``int(max concurrency × max_model_len)``
-(``_report_kv_cache_config``, after issue #40691); before it, ``num_blocks // len(kv_cache_groups) × block_size``.
+(``_report_kv_cache_config``, after issue #40691; read in the 0.20.0, 0.20.1, 0.20.2 and 0.21.0 sdists: the patch
+release 0.20.1 brought it); before it, ``num_blocks // len(kv_cache_groups) × block_size``.
 For hybrid and sliding-window models the two differ severalfold."""
 ONE_CAPACITY_LINE_FROM = "0.28.0"
 """The first vLLM release that logs size and concurrency in one line (``update_kv_cache_capacity``)."""

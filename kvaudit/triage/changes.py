@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvaudit.model.memory import GRAPH_ESTIMATE_FROM
 from kvaudit.versions import version_key
 
 
@@ -50,13 +51,13 @@ CHANGES: tuple[Change, ...] = (
            "`--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'`, `--enforce-eager`, or a lower "
            "`--gpu-memory-utilization`",
            "vLLM v0.11.0 release notes (\"turns on FULL_AND_PIECEWISE as the CUDA graph mode default\")"),
-    Change("0.21.0", "the profile run estimates the CUDA graphs' memory and takes it from the KV budget "
+    Change(GRAPH_ESTIMATE_FROM, "the profile run estimates the CUDA graphs' memory and takes it from the KV budget "
            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default), so the same utilization leaves a smaller KV "
            "cache", "default-changed",
            "the higher `--gpu-memory-utilization` vLLM's start-up log suggests, `--kv-cache-memory`, or "
            "`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`",
-           "vLLM PR #30515 (account for CUDA graphs during memory profiling); vllm/envs.py, \"Enabled by default as "
-           "of v0.21.0\"", ("vllm_memory_profiler_estimate_cudagraphs", "cuda graph memory profiling is enabled")),
+           "vLLM PR #30515 (account for CUDA graphs during memory profiling); vllm/envs.py defaults "
+           "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS to 1 from 0.20.0 (its comment says \"as of v0.21.0\")", ("vllm_memory_profiler_estimate_cudagraphs", "cuda graph memory profiling is enabled")),
     Change("0.25.0", "Model Runner V2 is the default for dense models, and its profile_cudagraph_memory() reserved "
            "nothing for CUDA graphs, so the KV cache took the whole budget and graph capture (or a later batch) ran "
            "out", "default-changed",
