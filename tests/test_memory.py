@@ -360,3 +360,12 @@ def test_a_multimodal_flag_that_would_change_nothing_is_refused():
         deploy(text, None, {**base, "skip_mm_profiling": True})
     with pytest.raises(UsageError, match="takes text only, so it would change nothing"):
         deploy(text, None, {**base, "limit_mm_per_prompt": '{"image": 0}'})
+
+
+def test_releases_before_0_11_capture_piecewise_graphs_only():
+    """vLLM 0.11.0 made FULL_AND_PIECEWISE the default ``cudagraph_mode``; an emulated 0.10 release captures the
+    PIECEWISE graphs alone, as ``--compilation-config '{"cudagraph_mode": "PIECEWISE"}'`` does in later ones."""
+    old = _terms(deployment("llama-3.1-8b", device="h100-80g", max_model_len=8192, vllm_release="0.10.2"))["cuda_graphs"]
+    new = _terms(deployment("llama-3.1-8b", device="h100-80g", max_model_len=8192, vllm_release="0.11.0"))["cuda_graphs"]
+    assert old.source.startswith("0 FULL + ") and "(PIECEWISE)" not in old.source
+    assert not new.source.startswith("0 FULL + ") and old.bytes < new.bytes

@@ -72,6 +72,9 @@ SAMPLER_COPIES = (("0.12.0", 3.5), ("0.17.0", 7.0), (None, 3.5))
 not in it, copies): top-k/top-p by FlashInfer or, from 0.17, vLLM's in-place Triton kernel (bf16 logits 0.5,
 their float32 copy 1, probabilities 1, the Gumbel noise 1: 3.5); 0.12-0.16 sort in PyTorch by default (values 1,
 int64 indices 2, masks and the scatter: 7). vLLM 0.11's image ships FlashInfer (3.5)."""
+FULL_AND_PIECEWISE_FROM = "0.11.0"
+"""The first vLLM release whose default ``cudagraph_mode`` is FULL_AND_PIECEWISE (FULL graphs for decode batches as well
+as the PIECEWISE ones: the v0.11.0 release notes); before it V1 captured PIECEWISE graphs only."""
 GRAPH_ESTIMATE_LOGGED_FROM = "0.18.0"
 """The first vLLM release that estimates the graphs' memory and logs it ("Estimated CUDA graph memory: X GiB
 total", PR #30515), subtracted or not."""
@@ -217,11 +220,13 @@ def capture_sizes(vc: Any, max_capture: int | None = None) -> list[int]:
 def cuda_graphs(vc: Any, release: str, max_capture: int | None = None, mode: str | None = None) -> Term | None:
     """vLLM's CUDA-graph estimate as ``profile_cudagraph_memory`` forms it (per mode: the first capture plus one
     increment per further graph; FULL and PIECEWISE overlay in one pool). ``mode`` is ``cudagraph_mode``
-    (``vllm/config/compilation.py`` ``CUDAGraphMode``; vLLM's default FULL_AND_PIECEWISE): FULL graphs for decode
-    batches up to ``max_num_seqs`` (FULL_DECODE_ONLY, FULL_AND_PIECEWISE) or for every capture size (FULL), PIECEWISE
-    for every capture size (PIECEWISE, FULL_AND_PIECEWISE); ``None`` with NONE or ``--enforce-eager``."""
+    (``vllm/config/compilation.py`` ``CUDAGraphMode``; unset, the release's default: FULL_AND_PIECEWISE from
+    ``FULL_AND_PIECEWISE_FROM``, PIECEWISE before): FULL graphs for decode batches up to ``max_num_seqs``
+    (FULL_DECODE_ONLY, FULL_AND_PIECEWISE) or for every capture size (FULL), PIECEWISE for every capture size
+    (PIECEWISE, FULL_AND_PIECEWISE); ``None`` with NONE or ``--enforce-eager``."""
     sizes = capture_sizes(vc, max_capture)
-    mode = mode or "FULL_AND_PIECEWISE"
+    default = "FULL_AND_PIECEWISE" if version_key(release) >= version_key(FULL_AND_PIECEWISE_FROM) else "PIECEWISE"
+    mode = mode or default
     if not sizes:
         return None
     dims, b = _dims(vc), _dtype_bytes(vc)
@@ -235,7 +240,7 @@ def cuda_graphs(vc: Any, release: str, max_capture: int | None = None, mode: str
     per_graph = max(GRAPH_BYTES_PER_LAYER * dims["layers"], 1 << 20)
     total = first + per_graph * sum(len(graphs) - 1 for graphs in (full, piecewise) if graphs)
     budgeted, why = subtracts_graph_estimate(release)
-    said = f" ({mode})" if mode != "FULL_AND_PIECEWISE" else ""
+    said = f" ({mode})" if mode != default else ""
     return Term("cuda_graphs", total,
                 f"{len(full)} FULL + {len(piecewise)} PIECEWISE graphs{said} up to batch {max(captured)}: first capture "
                 f"{first / GiB:.2f} GiB + {per_graph / MiB:.1f} MiB per further graph; " + why

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvaudit.model.memory import GRAPH_ESTIMATE_FROM
+from kvaudit.model.memory import FULL_AND_PIECEWISE_FROM, GRAPH_ESTIMATE_FROM
 from kvaudit.versions import version_key
 
 
@@ -46,7 +46,7 @@ CHANGES: tuple[Change, ...] = (
            "`--max-num-seqs 256` (V0's default), a lower `--gpu-memory-utilization`, or `--enforce-eager`; "
            "`VLLM_USE_V1=0` while V0 exists (to 0.10)",
            "vLLM PR #13726 (V1 on by default, v0.8.0), vllm/engine/arg_utils.py _set_default_args_v1"),
-    Change("0.11.0", "CUDA graphs are captured as FULL_AND_PIECEWISE by default: full decode graphs as well as the "
+    Change(FULL_AND_PIECEWISE_FROM, "CUDA graphs are captured as FULL_AND_PIECEWISE by default: full decode graphs as well as the "
            "piecewise ones, so graph capture needs more memory", "default-changed",
            "`--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'`, `--enforce-eager`, or a lower "
            "`--gpu-memory-utilization`",
