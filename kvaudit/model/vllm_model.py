@@ -22,6 +22,7 @@ import contextvars
 import copy
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -33,6 +34,9 @@ from typing import Any, Callable, Iterator
 from kvaudit.errors import ConfigError, KvauditError, first_line
 
 
+DEVICE_CAPABILITY: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("DEVICE_CAPABILITY", default=(9, 0))
+"""The compute capability of the deployment's device (``kvaudit.model.deployment.DEVICES``; Hopper's where the kind has
+none of its own): the platform answers it, and vLLM's attention-backend choice follows it while the model is built."""
 MXFP4_BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("MXFP4_BACKEND", default="TRITON")
 """The MXFP4 MoE kernel vLLM picks for the deployment's device and release (``kvaudit.plan.planner.mxfp4_backend``):
 vLLM rounds the expert sizes up for it while it builds the layers (``maybe_roundup_sizes``), so the weights
@@ -150,26 +154,78 @@ _TORCHVISION_LIB: Any = None
 # --- stand-ins for the platform's kernel choices ------------------------------------------------
 
 
-def _hopper_attention_backend(v: _Modules) -> Callable[..., str]:
-    """What vLLM's CUDA platform picks on a Hopper GPU: FlashAttention (3, sinks included),
-    FlashMLA for MLA, FlashMLA-sparse for DeepSeek-V3.2's sparse attention."""
+def _attention_backend(v: _Modules) -> Callable[..., str]:
+    """What vLLM's CUDA platform picks on the deployment's device (``DEVICE_CAPABILITY``). On Hopper: FlashAttention
+    (3, sinks included), FlashMLA for MLA, FlashMLA-sparse for DeepSeek-V3.2's sparse attention. On other devices,
+    what ``CudaPlatform.get_valid_backends`` does for that capability: vLLM's priorities (``_get_backend_priorities``
+    in ``vllm/platforms/cuda.py``), the first backend whose own ``validate_configuration`` passes; a backend whose
+    kernel package this host lacks (FlashInfer) is passed over, as vLLM passes over one that fails to import, so the
+    next one's KV layout plans it."""
     e = v.backends.AttentionBackendEnum
 
     def pick(selected_backend: Any, attn_selector_config: Any, num_heads: Any = None) -> str:
         if selected_backend is not None:
             return selected_backend.get_path()
         c = attn_selector_config
-        if c.use_mla:
-            return (e.FLASHMLA_SPARSE if c.use_sparse else e.FLASHMLA).get_path()
-        return e.FLASH_ATTN.get_path()
+        if DEVICE_CAPABILITY.get()[0] == 9:
+            if c.use_mla:
+                return (e.FLASHMLA_SPARSE if c.use_sparse else e.FLASHMLA).get_path()
+            return e.FLASH_ATTN.get_path()
+        priorities, capability, why = _cuda_platform()._get_backend_priorities, _capability(), []
+        known = dict(c._asdict(), num_heads=num_heads, device_capability=capability)  # (what each release's takes)
+        for backend in priorities(**{k: known[k] for k in inspect.signature(priorities).parameters if k in known}):
+            try:  # (vLLM's get_valid_backends, with any failure of a kernel this host lacks counted as its ImportError)
+                reasons = backend.get_class().validate_configuration(device_capability=capability, **c._asdict())
+            except Exception as err:  # noqa: BLE001 - torch without CUDA asserts where vLLM's host has one
+                reasons = [f"not importable on this host ({type(err).__name__}: {first_line(err, 60)})"]
+            if not reasons:
+                return backend.get_path()
+            why.append(f"{backend.name}: {', '.join(reasons)}")
+        raise ConfigError(f"no attention backend of vLLM's is valid on a device of capability "
+                          f"{'.'.join(map(str, DEVICE_CAPABILITY.get()))} for this model: " + "; ".join(why)[:600])
 
     return pick
 
 
-def _hopper() -> Any:
+_CUDA_EXTENSIONS = ("vllm._C", "vllm._C_stable_libtorch", "vllm._qutlass_C")
+"""The compiled extensions ``vllm/platforms/cuda.py`` imports to register vLLM's CUDA ops (0.23 imports ``vllm._C``
+too), which need libcuda."""
+
+
+def _cuda_platform() -> Any:
+    """vLLM's CUDA platform module, for its backend priorities (``_get_backend_priorities``), imported on a host
+    without CUDA: each op-registering extension that cannot load here is stood in for while it imports (no op of
+    theirs is called here), and removed again."""
+    if "vllm.platforms.cuda" in sys.modules:
+        return sys.modules["vllm.platforms.cuda"]
+    stood_in = []
+    for name in _CUDA_EXTENSIONS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - libcuda missing: an ImportError or an OSError, by torch's version
+            sys.modules[name] = _module(name)
+            stood_in.append(name)
+    try:
+        return importlib.import_module("vllm.platforms.cuda")
+    finally:
+        for name in stood_in:
+            sys.modules.pop(name, None)
+
+
+def _fresh_backend_choice() -> None:
+    """Forget vLLM's cached attention-backend choices (``vllm/v1/attention/selector.py`` caches them by the layer's
+    settings, not the device): a build for another device kind in this process chooses again."""
+    selector = _optional("vllm.v1.attention.selector")
+    cached = getattr(selector, "_cached_get_attn_backend", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+def _capability() -> Any:
     from vllm.platforms.interface import DeviceCapability
 
-    return DeviceCapability(major=9, minor=0)
+    major, minor = DEVICE_CAPABILITY.get()
+    return DeviceCapability(major=major, minor=minor)
 
 
 @contextlib.contextmanager
@@ -203,10 +259,10 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     out: list[tuple[Any, str, Any]] = []
     if platform_cls.__name__ == "UnspecifiedPlatform":
         out += [
-            (platform_cls, "get_attn_backend_cls", staticmethod(_hopper_attention_backend(v))),
+            (platform_cls, "get_attn_backend_cls", staticmethod(_attention_backend(v))),
             (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
             (platform_cls, "device_type", "meta"),
-            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _hopper())),
+            (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _capability())),
         ]
         prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
         if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
@@ -215,9 +271,10 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     supported = lambda *_a, **_k: (True, None)  # noqa: E731
     fa = _optional("vllm.v1.attention.backends.flash_attn")
     if fa is not None:  # FlashAttention 3 on Hopper: sinks and fp8 KV cache (unbound where its import failed)
-        out.append((fa, "flash_attn_supports_sinks", lambda: True))
+        hopper = lambda *_a, **_k: DEVICE_CAPABILITY.get()[0] == 9  # noqa: E731
+        out.append((fa, "flash_attn_supports_sinks", hopper))
         if hasattr(fa, "flash_attn_supports_kv_cache_dtype"):
-            out.append((fa, "flash_attn_supports_kv_cache_dtype", lambda *_a, **_k: True))
+            out.append((fa, "flash_attn_supports_kv_cache_dtype", hopper))
     for mod, name, value in (
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", supported),
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_sparse_supported", supported),
@@ -339,10 +396,10 @@ def _quantized_moe_stand_ins() -> list[tuple[Any, str, Any]]:
     priority = _optional("vllm.model_executor.layers.quantization.utils.humming.priority")
     if priority is not None and hasattr(priority, "prefers_humming"):
         # vllm/model_executor/layers/quantization/utils/humming/priority.py prefers_humming: with no capability
-        # given it asks current_platform.is_cuda() and the device's capability; answered for 9.0.
+        # given it asks current_platform.is_cuda() and the device's capability; answered for the deployment's device.
         prefers = priority.prefers_humming
         out.append((priority, "prefers_humming", lambda compute_capability=None: prefers(
-            _hopper().to_int() if compute_capability is None else compute_capability)))
+            _capability().to_int() if compute_capability is None else compute_capability)))
     for name in ("marlin_moe", "fused_humming_moe"):
         # MarlinExpertsBase / HummingExpertsBase._supports_current_device: is_cuda() and capability >= 7.5. The
         # module's other platform questions (fp8_dtype, and is_cuda() in Humming's apply) pass through.
@@ -574,6 +631,7 @@ def build_model(vc: Any, key: str, pp_rank: int = 0) -> BuiltModel:
     _init_distributed(v, vc)
     torch = v.torch
     arch = vc.model_config.architecture
+    _fresh_backend_choice()
     if arch in getattr(v.registry, "_SPECULATIVE_DECODING_MODELS", {}) and vc.speculative_config is None:
         raise ConfigError(f"{arch} is a speculative-decoding draft model (vLLM's registry lists it among them): vLLM "
                           "builds it only beside the model it drafts for, given with --speculative-config; plan that "

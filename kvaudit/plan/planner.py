@@ -460,10 +460,13 @@ def model_for(d: Deployment) -> Any:
     if built is None:
         vc = engine_config(d)
         token = vllm_model.MXFP4_BACKEND.set(mxfp4_backend(d))
+        dev = DEVICES.get(d.device)
+        capability = vllm_model.DEVICE_CAPABILITY.set(dev.capability if dev and d.platform == "cuda" else (9, 0))
         try:
             with quiet_vllm():
                 built = vllm_model.build_model(vc, key, d.pp_rank)
         finally:
+            vllm_model.DEVICE_CAPABILITY.reset(capability)
             vllm_model.MXFP4_BACKEND.reset(token)
     return built
 
