@@ -200,6 +200,9 @@ def test_mxfp4_experts_are_padded_for_marlin():
     experts = 36 * 128
     assert 1.1e6 < (old.weights_bytes - triton.weights_bytes) / experts < 1.3e6
     assert a100.weights_bytes == old.weights_bytes
+    # consumer Blackwell and a GB10 (capability 12.x): Marlin too (a GB10 start of NVIDIA's 0.13 build logs it)
+    spark = deployment("gpt-oss-120b", device="gb10-128g", **kw)
+    assert spark.weights_bytes == old.weights_bytes
 
 
 def test_vllms_own_memory_lines_are_read():

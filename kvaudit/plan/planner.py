@@ -428,12 +428,15 @@ their MXFP4 MoE layers fall back to Marlin (``get_mxfp4_backend``, ``quantizatio
 
 
 def mxfp4_backend(d: Deployment) -> str:
-    """The MXFP4 MoE kernel vLLM picks for the deployment (gpt-oss): Triton on Hopper, Marlin before Hopper (an
-    A100) and, on Hopper, in releases before ``MARLIN_MXFP4_BEFORE``. Marlin pads the expert widths (intermediate
-    to 128, hidden to 256), which "Model loading took" counts."""
+    """The MXFP4 MoE kernel vLLM picks for the deployment (gpt-oss): Triton on Hopper, Marlin outside capabilities
+    9.0-11.0 (an A100; consumer Blackwell and a GB10, capability 12.x: ``get_mxfp4_backend`` of 0.13 runs OpenAI's
+    Triton kernels only for 9.0 <= capability < 11.0, and 0.33's oracle ranks Marlin first for the 12.x family) and,
+    on Hopper, in releases before ``MARLIN_MXFP4_BEFORE``. Marlin pads the expert widths (intermediate to 128, hidden
+    to 256), which "Model loading took" counts. (A B200's FlashInfer MXFP4 kernels are planned as Triton's.)"""
     dev = DEVICES.get(d.device)
     old = version_key(emulated_release(d)) < version_key(MARLIN_MXFP4_BEFORE)
-    return "MARLIN" if (dev is not None and dev.capability < (9, 0)) or old else "TRITON"
+    triton = dev is None or (9, 0) <= dev.capability < (11, 0)
+    return "TRITON" if triton and not old else "MARLIN"
 
 
 HYBRID_PREFIX_CACHING_FROM = "0.28.0"
