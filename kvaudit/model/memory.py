@@ -56,7 +56,8 @@ BASIS = {
                        "copies traced from Sampler.forward",
     "non_torch": {"cuda": "vLLM's memory_profiling; from 2 public logs that print it",
                   "ascend": "vllm-ascend's memory profile; from the development starts and 1 public 310P log"},
-    "cuda_graphs": "vLLM's profile_cudagraph_memory; the per-graph increment from 2 public logs",
+    "cuda_graphs": "vLLM's profile_cudagraph_memory; the per-graph increment from 2 public logs, 0.49-1.65x of vLLM's "
+                   "own estimate in 4 more",
 }
 """What each term follows (vLLM's code) and how many public logs set its constant (docs/audit.md, "Non-KV memory and
 start-up lines", names them): the report shows it beside the term."""
