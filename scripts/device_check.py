@@ -10,7 +10,10 @@ prepare`` saved: the plans vLLM made and the meta audits of them. Checks, in ord
    full scale (``kvaudit audit --plan ... --meter cuda|npu``);
 4. the 4x strategy run out of memory on purpose (the caching allocator capped at what is held plus three
    times the plan), the others still audited, memory back where it started;
-5. ``bench/bench.py``'s device time per strategy against the fill-bandwidth floor.
+5. ``bench/bench.py``'s device time per strategy against the fill-bandwidth floor;
+6. on a CUDA host where vLLM is installed, vLLM's own memory profile of a start with dummy weights (its "Model
+   loading took", "Free memory on device ... Actual usage is" and "Available KV cache memory" lines) against each of
+   kvaudit's terms for the same deployment on this device (``compare_terms``); skipped, saying why, elsewhere.
 """
 
 from __future__ import annotations
@@ -163,6 +166,66 @@ def check_bench(plans: Path) -> dict:
     return {"status": "pass" if rows else "fail", "rows": rows}
 
 
+TERMS_MODEL = ROOT / "fixtures" / "configs" / "qwen3-8b"
+"""The model the terms check starts vLLM with (dummy weights: its config is all vLLM needs)."""
+TERMS_OPTIONS = {"max_model_len": 4096, "gpu_memory_utilization": 0.5}
+"""The start's flags, as vLLM's and kvaudit's option names both spell them."""
+_LOGGED = {"weights": ("weights",), "peak_activation": ("peak_activation",), "non_torch": ("non_torch",),
+           "cuda_graphs": ("cudagraph_estimate", "cudagraph_memory"), "kv_budget": ("available_kv",)}
+"""Each compared figure, by kvaudit's term key, and the facts of ``kvaudit.triage.evidence`` that read vLLM's lines
+(the graphs: vLLM's estimate where it logs one, else the breakdown's CUDAGraph figure)."""
+
+
+def compare_terms(log: str, d) -> list[dict]:
+    """vLLM's logged figures (read by kvaudit's own log reader) against the deployment's: weights, each non-KV term
+    and the KV budget, with the ratio modelled / logged where both exist."""
+    from kvaudit.triage.evidence import clean_lines, extract
+
+    ev = extract(clean_lines(log))
+    terms = {t.key: t.bytes for t in d.overhead_terms}
+    modelled = {"weights": d.weights_bytes, **terms, "kv_budget": d.kv_budget_bytes}
+    rows = []
+    for key, facts in _LOGGED.items():
+        logged = next((v for v in map(ev.value, facts) if v is not None), None)
+        got = modelled.get(key)
+        rows.append({"term": key, "logged": logged, "modelled": got,
+                     "ratio": round(got / logged, 3) if logged and got is not None else None})
+    return rows
+
+
+def check_terms(device: str | None) -> dict:
+    import importlib.util
+
+    if device != "cuda":
+        return {"status": "skipped", "reason": "the terms follow vLLM's CUDA worker: a CUDA host is needed"}
+    if importlib.util.find_spec("vllm") is None:
+        return {"status": "skipped", "reason": "vLLM is not installed on this host: its own profile run is what the "
+                                               "terms are measured against"}
+    import torch
+
+    from kvaudit.model.deployment import DEVICES
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import make_deployment
+
+    name, total = torch.cuda.get_device_name(0), torch.cuda.mem_get_info(0)[1]
+    capability = torch.cuda.get_device_capability(0)
+    kind = min((k for k, dv in DEVICES.items() if dv.platform == "cuda" and dv.capability == capability),
+               key=lambda k: abs(DEVICES[k].memory_bytes - total), default="h100-80g")
+    start = ("from vllm import LLM; LLM(model=%r, load_format='dummy', skip_tokenizer_init=True, max_model_len=%d, "
+             "gpu_memory_utilization=%s)" % (str(TERMS_MODEL), TERMS_OPTIONS["max_model_len"],
+                                              TERMS_OPTIONS["gpu_memory_utilization"]))
+    p = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, cwd=ROOT, timeout=900,
+                       env=dict(os.environ, VLLM_LOGGING_LEVEL="INFO"))
+    log = p.stdout + p.stderr
+    d = make_deployment(load_model_spec(TERMS_MODEL), tp=1, device=kind, device_memory_bytes=total,
+                        gpu_memory_utilization=TERMS_OPTIONS["gpu_memory_utilization"],
+                        max_model_len=TERMS_OPTIONS["max_model_len"])
+    rows = compare_terms(log, d)
+    measured = [r for r in rows if r["ratio"] is not None]
+    return {"status": "pass" if p.returncode == 0 and measured else "fail", "device": name, "kind": kind,
+            "vllm_exit_code": p.returncode, "terms": rows, "tail": log.strip().splitlines()[-12:]}
+
+
 def markdown(res: dict) -> str:
     gib = 1 << 30
     out = [f"# kvaudit device check, {res['date']}", "",
@@ -188,6 +251,8 @@ def markdown(res: dict) -> str:
         elif name == "bench" and c.get("rows"):
             fig = "; ".join(f"{r['strategy']} {r['seconds'] * 1000:.1f} ms (floor {r['floor_seconds'] * 1000:.1f} ms)"
                             for r in c["rows"])
+        elif name == "terms" and c.get("terms"):
+            fig = "; ".join(f"{r['term']} {r['ratio']}× of vLLM's" for r in c["terms"] if r["ratio"] is not None)
         elif c.get("reason"):
             fig = c["reason"]
         out.append(f"| {name} | {c['status']} | {fig} |")
@@ -212,6 +277,7 @@ def main() -> int:
         checks += [("smoke", lambda: check_smoke(a.plans, device)),
                    ("oom_on_purpose", lambda: check_oom_on_purpose(a.plans, device)),
                    ("bench", lambda: check_bench(a.plans))]
+    checks.append(("terms", lambda: check_terms(device)))
     for name, run in checks:
         t = time.perf_counter()
         try:

@@ -80,3 +80,29 @@ def test_the_out_of_memory_check_on_the_fake_allocator(prepared, flavor, monkeyp
     assert res["status"] == "pass" and res["oom"]["allocation"] > 1
     assert res["allocated_after"] == res["allocated_before"] and fake.fraction is None
     assert res["others"]["ascend-0.12"]["ratio"] == pytest.approx(2.0, rel=0.005)
+
+
+def test_the_terms_check_reads_vllms_own_profile_and_sets_each_term_beside_it():
+    """``compare_terms`` (the device check's ``terms``, run where vLLM and a CUDA device are): vLLM's own lines, read by
+    kvaudit's log reader, against the deployment's terms. Here on a public start that prints vLLM's breakdown
+    (fixtures/startup-logs/cuda/kolyangg-qwen3-30b-a3b-h100.log: Qwen3-30B-A3B on an H100, vLLM 0.10.2)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import startup
+
+    dc = _load_device_check()
+    key = "cuda/kolyangg-qwen3-30b-a3b-h100"
+    entry = startup.cases()[key]
+    d = startup.deployment(entry["inputs"], entry["case"])
+    rows = {r["term"]: r for r in dc.compare_terms((ROOT / "fixtures/startup-logs" / f"{key}.log").read_text(), d)}
+    assert [round(rows[t]["logged"] / GiB, 2) for t in ("peak_activation", "non_torch", "cuda_graphs", "kv_budget")] == [
+        5.58, 0.07, 0.69, 8.68]
+    assert round(rows["weights"]["logged"] / GiB, 4) == 56.9342
+    assert rows["peak_activation"]["modelled"] == next(t.bytes for t in d.overhead_terms if t.key == "peak_activation")
+    assert rows["kv_budget"]["ratio"] == round(d.kv_budget_bytes / rows["kv_budget"]["logged"], 3)
+    assert dc.check_terms(None)["status"] == "skipped" and "CUDA host" in dc.check_terms(None)["reason"]
+    # where vLLM logs its graph estimate (0.18+), that is the figure the term is set beside, not the pool it captured
+    key = "cuda/tokenkaki-qwen3-8b-a100-40g"
+    entry = startup.cases()[key]
+    d = startup.deployment(entry["inputs"], entry["case"])
+    rows = {r["term"]: r for r in dc.compare_terms((ROOT / "fixtures/startup-logs" / f"{key}.log").read_text(), d)}
+    assert round(rows["cuda_graphs"]["logged"] / GiB, 2) == 2.35  # ("CUDA graph pool memory: 2.44 GiB (actual)")
