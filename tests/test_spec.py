@@ -224,3 +224,13 @@ def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("kvaudit: error: vLLM rejected") and reason in err[0], err
     assert waits == []
+
+
+def test_routed_experts_are_read_under_each_familys_key():
+    """``ModelSpec.routed_experts`` (triage drops a report's --enable-expert-parallel for a dense model, as vLLM would
+    refuse it): Qwen's ``num_experts``, Mixtral's ``num_local_experts``, DeepSeek's ``n_routed_experts``; 0 if dense."""
+    from kvaudit.model.spec import load_model_spec
+
+    configs = ROOT / "fixtures" / "configs"
+    assert [load_model_spec(configs / name).routed_experts for name in (
+        "qwen3-30b-a3b", "mixtral-8x7b-instruct", "deepseek-v3", "llama-3.1-8b")] == [128, 8, 256, 0]

@@ -853,3 +853,15 @@ def test_a_vllm_release_written_as_the_wheels_name_is_read_and_the_platform_is_w
 def test_an_error_whose_own_message_speaks_of_memory_running_short_is_never_no_memory_error(error, no_memory):
     t = triage("vllm serve Qwen/Qwen2.5-7B-Instruct\n" + error)
     assert (t.cause == "not-out-of-memory") is no_memory, t.headline
+
+
+def test_a_launch_with_data_and_expert_parallelism_weighs_one_rank_of_its_experts():
+    """``--data-parallel-size 2 --enable-expert-parallel`` in the launch: the predicted weights are one rank's, its
+    MoE experts split whole over the DP × TP ranks, as vLLM builds them."""
+    t = triage("vllm serve Qwen/Qwen3-30B-A3B --tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel "
+               "--max-model-len 4096\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+               "total capacity of 79.19 GiB of which 1.00 GiB is free.",
+               config=str(ROOT / "fixtures" / "configs" / "qwen3-30b-a3b" / "config.json"))
+    assert (t.deployment["data parallel size"].value, t.deployment["expert parallel"].value) == (2, True)
+    assert any("rank 0 of TP 1, rank 0 of DP 2: experts whole over 2 ranks (expert parallel)" in (r["predicted_by"] or "")
+               for r in t.to_dict()["ledger"])

@@ -18,8 +18,8 @@ from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
 
 
-LIMITS = {"mm_items": 1 << 16, "tp": 256, "pp": 128, "dp": 1024, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
-          "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
+LIMITS = {"tp": 256, "pp": 128, "dp": 1024, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
+          "mm_items": 1 << 16, "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 28, "num_speculative_tokens": 64,
           "max_cudagraph_capture_size": 1 << 16}
 """The largest value kvaudit takes for each integer deployment option, far beyond any real deployment (TP 16-64
 and PP 2-16 in public vllm-ascend and vLLM deployments; max_model_len as ``spec.AT_MOST``'s positions), so that
@@ -345,8 +345,8 @@ class Deployment:
     overhead_terms: tuple[Term, ...] = field(default=(), hash=False)
     """``kvaudit.model.memory.Term`` s: peak activation, non-torch, CUDA graphs (or the one ``--overhead``)."""
     unmodelled: tuple[str, ...] = field(default=(), hash=False)
-    """Memory the emulated release's profile holds that no term models (``kvaudit.model.memory.unmodelled``): each
-    makes the KV budget an upper bound."""
+    """Memory the emulated release's profile holds that no term models (``kvaudit.model.memory.mm_encoder_profile``):
+    each makes the KV budget an upper bound."""
 
     @property
     def unbudgeted_bytes(self) -> int:
