@@ -198,5 +198,6 @@ def test_data_and_expert_parallel_split_the_experts_as_vllms_moe_layer_does():
         deploy(dense, None, {**base, "tp": 2, "enable_expert_parallel": True})
     with pytest.raises(UsageError, match="with DP 1 and TP 1: one rank holds every expert either way"):
         deploy(moe, None, {**base, "enable_expert_parallel": True})
-    with pytest.raises(UsageError, match="--dp must be at least 1"):
-        deploy(moe, None, {**base, "dp": -1})
+    for bad in (0, -1):
+        with pytest.raises(UsageError, match="--dp must be at least 1"):
+            deploy(moe, None, {**base, "dp": bad})

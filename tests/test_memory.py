@@ -355,7 +355,9 @@ def test_a_multimodal_flag_that_would_change_nothing_is_refused():
                                                       "image, video; a limit on audio would change nothing"),
             ({"limit_mm_per_prompt": '{"image": true}'}, "--limit-mm-per-prompt: 'image' must be a count of items"),
             ({"limit_mm_per_prompt": '{"image": -1}'}, "--limit-mm-per-prompt: 'image' must be a count of items"),
-            ({"limit_mm_per_prompt": "[0]"}, "--limit-mm-per-prompt must be a JSON object")):
+            ({"limit_mm_per_prompt": "[0]"}, "--limit-mm-per-prompt must be a JSON object"),
+            ({"limit_mm_per_prompt": "{}"}, "--limit-mm-per-prompt names no modality, so it would change nothing"),
+            ({"limit_mm_per_prompt": "null"}, "--limit-mm-per-prompt names no modality")):
         with pytest.raises(UsageError, match=re.escape(message)):
             deploy(vl, None, {**base, **options})
     text = load_preset_spec(get_preset("llama-3.1-8b"))

@@ -749,6 +749,10 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
     if unmodelled:
         raise UsageError(f"--compilation-config: kvaudit takes cudagraph_mode only; {', '.join(unmodelled)} would "
                          "change nothing in its plan (use --max-cudagraph-capture-size for the capture sizes)")
+    limits = json_object("limit_mm_per_prompt", '{"image": 0, "video": 0}')
+    if o.get("limit_mm_per_prompt") is not None and not limits:
+        raise UsageError("--limit-mm-per-prompt names no modality, so it would change nothing (e.g. "
+                         "'{\"image\": 0, \"video\": 0}')")
     tp = o.get("tp")
     return make_deployment(
         spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=o.get("util", 0.9),
@@ -757,7 +761,7 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         device_memory_bytes=device_memory, dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
         overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.get("vllm_version"),
         kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
-        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank, dp=o.get("dp") or 1,
+        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank, dp=o.get("dp", 1),
         enable_expert_parallel=bool(o.get("enable_expert_parallel")),
         kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
         block_size=o.get("block_size"), enable_prefix_caching=o.get("enable_prefix_caching"),
@@ -766,7 +770,7 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
         max_cudagraph_capture_size=o.get("max_cudagraph_capture_size"),
         cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.get("usage_context") or "serve",
-        limit_mm_per_prompt=json_object("limit_mm_per_prompt", '{"image": 0, "video": 0}'),
+        limit_mm_per_prompt=limits,
         skip_mm_profiling=bool(o.get("skip_mm_profiling")), language_model_only=bool(o.get("language_model_only")))
 
 
