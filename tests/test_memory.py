@@ -374,3 +374,16 @@ def test_releases_before_0_11_capture_piecewise_graphs_only():
     new = _terms(deployment("llama-3.1-8b", device="h100-80g", max_model_len=8192, vllm_release="0.11.0"))["cuda_graphs"]
     assert old.source.startswith("0 FULL + ") and "(PIECEWISE)" not in old.source
     assert not new.source.startswith("0 FULL + ") and old.bytes < new.bytes
+
+
+def test_a_multimodal_model_whose_processing_info_needs_its_tokenizer_still_plans():
+    """Kimi-K2.5's processing info asks for its tokenizer, which a config alone does not have: the encoder profile is
+    still named as not modelled (its modalities unknown), and a modality limit is passed on to vLLM unchecked."""
+    from kvaudit.model.spec import load_model_spec
+    from kvaudit.plan.planner import deploy
+
+    spec = load_model_spec(ROOT / "fixtures" / "architectures" / "moonshotai--Kimi-K2.5")
+    base = {"device": "h200-141g", "tp": 8, "max_model_len": 4096, "kv_cache_memory": "8GiB"}
+    d = deploy(spec, None, base)
+    assert d.unmodelled[0].startswith("the multimodal encoder's profile (its modalities: vLLM runs the encoder")
+    assert deploy(spec, None, {**base, "skip_mm_profiling": True}).unmodelled == ()

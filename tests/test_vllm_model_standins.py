@@ -442,8 +442,9 @@ def test_deepseek_v4_needs_the_tilelang_stand_in(monkeypatch):
 def test_the_attention_backend_follows_the_device_kind():
     """DeepSeek-V3.2's sparse MLA with an fp8 KV cache: on Hopper FlashMLA-sparse stores vLLM's fp8_ds_mla entry (656
     bytes a token); on a B200 vLLM's priorities for capability 10 put FlashInfer's sparse MLA first for fp8, which
-    stores plain fp8 (576 bytes); on an A100 no backend of vLLM's takes sparse MLA, which is refused with vLLM's
-    reasons. The backend choice is made again for each device in one process (vLLM caches it by layer settings)."""
+    stores plain fp8 (576 bytes); on an RTX 5090 FlashInfer's SM120 sparse MLA stores fp8_ds_mla again (vLLM's
+    ``_canonicalize_sparse_mla_kv_cache_dtype``); on an A100 no backend of vLLM's takes sparse MLA, which is refused
+    with vLLM's reasons. The backend choice is made again for each device in one process (vLLM caches it by layer settings)."""
     from kvaudit.errors import ConfigError
     from kvaudit.model.spec import load_model_spec
     from kvaudit.plan.planner import make_deployment, model_for
@@ -458,7 +459,13 @@ def test_the_attention_backend_follows_the_device_kind():
 
     assert entries("h100-80g")[("fp8_ds_mla", 656)] == 61
     assert entries("b200-192g")[("fp8", 576)] == 61
+    assert entries("rtx5090-32g")[("fp8_ds_mla", 656)] == 61  # (consumer Blackwell: FlashInfer's SM120 sparse MLA)
     assert entries("h100-80g")[("fp8_ds_mla", 656)] == 61
     with pytest.raises(ConfigError, match="no attention backend of vLLM's is valid on a device of capability 8.0 "
                                           "for this model: .*FLASHMLA_SPARSE: compute capability not supported"):
         entries("a100-80g")
+    # dense MLA on an A100 builds with Triton MLA (vLLM's choice below Hopper), which asks the SM count while it builds
+    dense = load_model_spec(ROOT / "fixtures" / "configs" / "deepseek-v3")
+    d = make_deployment(dense, tp=8, device="a100-80g", gpu_memory_utilization=0.9, max_model_len=8192,
+                        kv_cache_memory_bytes=20 << 30)
+    assert Counter(s.page_size_bytes // s.block_size for s in model_for(d).kv_cache_specs().values()) == {576 * 2: 61}

@@ -269,6 +269,20 @@ def subtracts_graph_estimate(release: str) -> tuple[bool, str]:
     return False, f"vLLM {release} does not subtract it (before {GRAPH_ESTIMATE_FROM}): used beyond the budget"
 
 
+def mm_limits(mc: Any, supported: bool = False) -> dict[str, Any] | None:
+    """A multimodal model's items per prompt by modality, as vLLM's processing info for the model answers
+    (``allowed_mm_limits``, with ``--limit-mm-per-prompt`` applied; ``supported``: the model's own
+    ``supported_mm_limits``), or ``None`` where that info cannot be made without the model's tokenizer or processor
+    files (Kimi-K2.5's asks its tokenizer), which a config alone does not have."""
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    try:
+        info = MULTIMODAL_REGISTRY.get_processing_info(mc)
+        return dict(info.supported_mm_limits if supported else info.allowed_mm_limits)
+    except (ValueError, OSError, TypeError, AttributeError):  # (vLLM's and transformers' refusals without the files)
+        return None
+
+
 def mm_encoder_profile(vc: Any) -> str | None:
     """What vLLM's ``profile_run`` holds for a multimodal model's encoder, which no term models, or ``None`` where it
     profiles none. vLLM runs the encoder over its largest item of each batch's worth (``MultiModalBudget``: the modality
@@ -280,10 +294,8 @@ def mm_encoder_profile(vc: Any) -> str | None:
     mm = mc.multimodal_config
     if not mc.is_multimodal_model or mm is None or mm.skip_mm_profiling:
         return None
-    from vllm.multimodal import MULTIMODAL_REGISTRY
-
-    limits = MULTIMODAL_REGISTRY.get_processing_info(mc).allowed_mm_limits
-    profiled = sorted(m for m, n in limits.items() if n > 0)
+    limits = mm_limits(mc)
+    profiled = sorted(m for m, n in limits.items() if n > 0) if limits is not None else ["its modalities"]
     if not profiled:
         return None
     return (f"the multimodal encoder's profile ({', '.join(profiled)}: vLLM runs the encoder on its largest item and "

@@ -263,6 +263,9 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
             (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
             (platform_cls, "device_type", "meta"),
             (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _capability())),
+            # Triton MLA (the MLA backend below Hopper) sizes its split-KV decode workspace by the SM count while the
+            # layer is built; that workspace lives on meta and no figure kvaudit counts depends on it: an H100's 132.
+            (platform_cls, "num_compute_units", classmethod(lambda cls, device_id=0: 132)),
         ]
         prefill = _optional("vllm.v1.attention.backends.mla.prefill.registry")
         if prefill is not None and hasattr(prefill.MLAPrefillBackendEnum, "CPU"):
@@ -276,6 +279,9 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
         if hasattr(fa, "flash_attn_supports_kv_cache_dtype"):
             out.append((fa, "flash_attn_supports_kv_cache_dtype", hopper))
     for mod, name, value in (
+        # FlashInfer ships with vLLM's CUDA wheels: the sparse MLA backend of consumer Blackwell (capability 12.x) asks
+        # for its decode API, which a CUDA host has and this lean install lacks
+        ("vllm.utils.flashinfer", "has_flashinfer_sparse_mla_sm120", lambda *_a, **_k: True),
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", supported),
         ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_sparse_supported", supported),
         ("vllm.v1.attention.ops.flashmla", "is_flashmla_dense_supported", supported),

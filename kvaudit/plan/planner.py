@@ -882,10 +882,10 @@ def _check_multimodal_options(d: Deployment, mc: Any) -> None:
         raise UsageError(f"{', '.join(given)}: {d.model.name} ({mc.architecture}) takes text only, so "
                          f"{'they' if len(given) > 1 else 'it'} would change nothing")
     if d.limit_mm_per_prompt:
-        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from kvaudit.model.memory import mm_limits
 
-        taken = MULTIMODAL_REGISTRY.get_processing_info(mc).supported_mm_limits
-        other = sorted(set(d.limit_mm_per_prompt) - set(taken))
+        taken = mm_limits(mc, supported=True)
+        other = sorted(set(d.limit_mm_per_prompt) - set(taken)) if taken is not None else []
         if other:
             raise UsageError(f"--limit-mm-per-prompt: {mc.architecture} takes {', '.join(sorted(taken))}; a limit on "
                              f"{', '.join(other)} would change nothing")
