@@ -148,7 +148,8 @@ def measure(key: str, entry: dict) -> dict:
             row["note"] = e.message
         else:
             row.update(terms={t.key: t.bytes for t in d.overhead_terms}, release=d.vllm_version,
-                       max_num_seqs=d.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens)
+                       max_num_seqs=d.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
+                       upper_bound=bool(d.unmodelled))
             if got["weights"] and "weights" in judge:
                 err["weights"] = d.weights_bytes / got["weights"] - 1
             if avail and "budget" in judge:
@@ -177,7 +178,9 @@ def report(rows: list[dict], title: str, terms: bool) -> None:
     print(f"\n{title}: {len(rows)} starts")
     print(f"{'start':58} {'vLLM':>8} " + " ".join(f"{m:>11}" for m in METRICS))
     for r in rows:
-        print(f"{r['key'][:58]:58} {str(r['release'])[:8]:>8} " + " ".join(f"{_pct(r['err'][m]):>11}" for m in METRICS))
+        print(f"{r['key'][:58]:58} {str(r['release'])[:8]:>8} " + " ".join(
+            f"{_pct(r['err'][m]) + ('*' if m == 'budget' and r.get('upper_bound') and r['err'][m] is not None else ''):>11}"
+            for m in METRICS))
         if terms:
             g = {k: (round(v / (1 << 30), 2) if isinstance(v, int) and k not in ("kv_cache_tokens", "gpu_blocks") else v)
                  for k, v in r["logged"].items() if v is not None}
@@ -200,6 +203,12 @@ def report(rows: list[dict], title: str, terms: bool) -> None:
             vals = [abs(r["err"][m]) for r in mine if r["err"][m] is not None]
             cells.append(f"{100 * max(vals):.1f}% ({len(vals)})" if vals else "—")
         print(f"{'  worst, ' + group + f' ({len(mine)} starts)':58} {'':>8} " + " ".join(f"{c:>11}" for c in cells))
+
+
+def footnote(rows: list[dict]) -> None:
+    if any(r.get("upper_bound") for r in rows):
+        print("* a budget kvaudit calls an upper bound: memory the profile holds that no term models (the report's "
+              "\"not modelled\" row: a multimodal encoder's profile)")
 
 
 def main() -> None:
@@ -231,6 +240,7 @@ def main() -> None:
         report([r for r in rows if r not in old], title, a.terms)
         if old:
             report(old, f"{title}, vLLM before {MODELLED_FROM} (the V0 engine: not modelled, not scored)", a.terms)
+        footnote(rows)
 
 
 if __name__ == "__main__":
