@@ -323,7 +323,7 @@ def _engine_args(d: Deployment) -> dict[str, Any]:
                 "max_cudagraph_capture_size"):
         if getattr(d, key) is not None:
             args[key] = getattr(d, key)
-    for key in ("limit_mm_per_prompt", "skip_mm_profiling", "language_model_only"):
+    for key in MULTIMODAL_FLAGS:  # (vLLM's engine arguments of the same names)
         if getattr(d, key):
             args[key] = getattr(d, key)
     if d.num_speculative_tokens:
