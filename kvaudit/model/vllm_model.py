@@ -154,23 +154,17 @@ _TORCHVISION_LIB: Any = None
 # --- stand-ins for the platform's kernel choices ------------------------------------------------
 
 
-def _attention_backend(v: _Modules) -> Callable[..., str]:
-    """What vLLM's CUDA platform picks on the deployment's device (``DEVICE_CAPABILITY``). On Hopper: FlashAttention
-    (3, sinks included), FlashMLA for MLA, FlashMLA-sparse for DeepSeek-V3.2's sparse attention. On other devices,
-    what ``CudaPlatform.get_valid_backends`` does for that capability: vLLM's priorities (``_get_backend_priorities``
-    in ``vllm/platforms/cuda.py``), the first backend whose own ``validate_configuration`` passes; a backend whose
-    kernel package this host lacks (FlashInfer) is passed over, as vLLM passes over one that fails to import, so the
-    next one's KV layout plans it."""
-    e = v.backends.AttentionBackendEnum
+def _attention_backend() -> Callable[..., str]:
+    """What vLLM's CUDA platform picks on the deployment's device (``DEVICE_CAPABILITY``), as
+    ``CudaPlatform.get_valid_backends`` does for that capability: vLLM's priorities (``_get_backend_priorities`` in
+    ``vllm/platforms/cuda.py``), the first backend whose own ``validate_configuration`` passes (on Hopper: FlashAttention
+    3, FlashMLA, FlashMLA-sparse); a backend whose kernel package this host lacks (FlashInfer) is passed over, as vLLM
+    passes over one that fails to import, so the next one's KV layout plans it."""
 
     def pick(selected_backend: Any, attn_selector_config: Any, num_heads: Any = None) -> str:
         if selected_backend is not None:
             return selected_backend.get_path()
         c = attn_selector_config
-        if DEVICE_CAPABILITY.get()[0] == 9:
-            if c.use_mla:
-                return (e.FLASHMLA_SPARSE if c.use_sparse else e.FLASHMLA).get_path()
-            return e.FLASH_ATTN.get_path()
         priorities, capability, why = _cuda_platform()._get_backend_priorities, _capability(), []
         known = dict(c._asdict(), num_heads=num_heads, device_capability=capability)  # (what each release's takes)
         for backend in priorities(**{k: known[k] for k in inspect.signature(priorities).parameters if k in known}):
@@ -259,7 +253,7 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     out: list[tuple[Any, str, Any]] = []
     if platform_cls.__name__ == "UnspecifiedPlatform":
         out += [
-            (platform_cls, "get_attn_backend_cls", staticmethod(_attention_backend(v))),
+            (platform_cls, "get_attn_backend_cls", staticmethod(_attention_backend())),
             (platform_cls, "current_device", staticmethod(lambda: torch.device("meta"))),
             (platform_cls, "device_type", "meta"),
             (platform_cls, "get_device_capability", classmethod(lambda cls, device_id=0: _capability())),
