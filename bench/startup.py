@@ -63,9 +63,19 @@ def logged(key: str) -> dict:
     from kvaudit.triage.evidence import clean_lines, extract
 
     ev = extract(clean_lines((LOGS / f"{key}.log").read_text(errors="replace")))
-    return {k: ev.value(k) for k in ("weights", "available_kv", "kv_cache_tokens", "max_concurrency", "gpu_blocks",
-                                     "peak_activation", "non_torch", "cudagraph_memory", "cudagraph_estimate",
-                                     "graph_capture", "profiled_weights", "device_memory")}
+    got = {k: ev.value(k) for k in ("weights", "peak_activation", "non_torch", "cudagraph_memory",
+                                    "cudagraph_estimate", "graph_capture", "profiled_weights", "device_memory")}
+    # Each worker logs its own budget; the engine gives every worker the blocks of the smallest (vLLM's
+    # get_kv_cache_configs: "Change the num_blocks of each rank to the smallest among all ranks"), and releases
+    # that log a KV size per worker before that step print the smallest first only by chance of rank order.
+    for k in SMALLEST_WORKER:
+        values = [f.value for f in ev.all(k)]
+        got[k] = min(values) if values else None
+    return got
+
+
+SMALLEST_WORKER = ("available_kv", "kv_cache_tokens", "max_concurrency", "gpu_blocks")
+"""The figures a multi-worker start logs once per worker, of which the engine keeps the smallest."""
 
 
 def device_kind(inp: dict, case: dict) -> str:
