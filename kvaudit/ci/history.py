@@ -50,8 +50,11 @@ class Row:
 def published(since: str | None = None) -> tuple[list[str], str]:
     """vllm-ascend's releases, oldest first, from ``since`` on: the package index's list (with
     pre-releases), else the releases in kvaudit's cache; and where the list came from."""
+    from kvaudit import network
+
+    network.started(f"listing {PACKAGE}'s releases on the package index (pip index versions), else the cache's")
     p = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "--pre", PACKAGE,
-                        "--disable-pip-version-check"], capture_output=True, text=True)
+                        "--disable-pip-version-check", *network.pip_options()], capture_output=True, text=True)
     m = re.search(r"Available versions: (.*)", p.stdout)
     if p.returncode == 0 and m:
         versions, source = [v.strip() for v in m.group(1).split(",")], "the package index"

@@ -182,9 +182,31 @@ def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
     return subprocess.run([str(exe), "-m", "kvaudit", *rest], env=env).returncode
 
 
+def _reopen_closed_streams() -> None:
+    """A standard stream the caller closed (``kvaudit ... >&-``, ``2>&-``, ``<&-``) is opened on the null device, so
+    what would go there is dropped and nothing else kvaudit opens lands on its descriptor (a file opened on
+    descriptor 1 would receive the report); Python leaves ``sys.stdout`` and its siblings ``None`` for such a
+    stream, and they are made writable (readable) again."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+            except OSError:
+                continue
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))
+        if getattr(sys, f"__{name}__") is None:  # (code that writes to the original streams: vLLM's gloo set-up)
+            setattr(sys, f"__{name}__", getattr(sys, name))
+
+
 class _PipeGuard:
-    """stdout or stderr that a closed reader cannot break: after the first broken pipe (``kvaudit ... | head``)
-    the rest of the output is dropped and the command runs on, so its exit code is still the verdict; text its
+    """stdout or stderr that a closed reader cannot break: after the first broken pipe (``kvaudit ... | head``), or
+    any other failed write (a stream closed under the command), the rest of the output is dropped and the command runs on, so its exit code is still the verdict; text its
     encoding cannot hold is written with replacement characters."""
 
     def __init__(self, stream: Any) -> None:
@@ -207,7 +229,7 @@ class _PipeGuard:
             except UnicodeEncodeError:  # text the terminal's encoding cannot show (a lone surrogate from a file)
                 encoding = getattr(self._stream, "encoding", None) or "utf-8"
                 return self.write(text.encode(encoding, "replace").decode(encoding, "replace"))
-            except BrokenPipeError:
+            except (BrokenPipeError, OSError, ValueError):  # a closed reader, a stream closed under us
                 self._drop()
         return len(text)
 
@@ -215,7 +237,7 @@ class _PipeGuard:
         if not self.broken:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
+            except (BrokenPipeError, OSError, ValueError):
                 self._drop()
 
     def __getattr__(self, name: str) -> Any:
@@ -281,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("KVAUDIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
+    _reopen_closed_streams()
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _PipeGuard(sys.stdout), _PipeGuard(sys.stderr)
     try:

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvaudit.cli import deployments
 from kvaudit.cli.options import AUDIT_OPTIONS, DEPLOYMENT_OPTIONS, MODEL_OPTIONS, PLAN_FILE, Detail, Format
-from kvaudit.cli.output import check_outputs, note, render_reports, write_pages
+from kvaudit.cli.output import check_outputs, note, render_reports, summarize, write_pages
 from kvaudit.errors import UsageError
 from kvaudit.results import check_tolerance
 
@@ -50,6 +50,7 @@ def run(a: Any) -> int:
                               safe_utilization=safe))
     render_reports(reports, Format(a.fmt), Detail(a.detail))
     write_pages(a, reports)
+    summarize(reports)
     return max(rep.exit_code for rep in reports)
 
 
@@ -93,6 +94,7 @@ def _saved_plan_audit(a: Any) -> int:
                               skipped=tuple(skipped), capacity=caps, safe_utilization=safe))
     render_reports(reports, Format(a.fmt), Detail(a.detail))
     write_pages(a, reports)
+    summarize(reports)
     return max(rep.exit_code for rep in reports)
 
 

@@ -19,12 +19,29 @@ def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+MIN_WIDTH = 40
+"""The narrowest width tables are drawn at: a smaller ``COLUMNS`` or terminal (``COLUMNS=0`` printed nothing, and
+``COLUMNS=1`` a few hundred characters of a report) is taken as this."""
+
+
+def width() -> int:
+    """The width tables are drawn at: ``COLUMNS`` where it is a number, else the terminal's, else ``TABLE_WIDTH``;
+    never below ``MIN_WIDTH``."""
+    import shutil
+
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit():
+        return max(int(columns), MIN_WIDTH)
+    if sys.stdout.isatty():
+        return max(shutil.get_terminal_size((TABLE_WIDTH, 24)).columns, MIN_WIDTH)
+    return TABLE_WIDTH
+
+
 def console() -> Any:
-    """A rich console on stdout: the terminal's width, else ``COLUMNS``, else ``TABLE_WIDTH``."""
+    """A rich console on stdout, ``width()`` wide."""
     from rich.console import Console
 
-    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH
-    return Console(highlight=False, soft_wrap=False, width=width)
+    return Console(highlight=False, soft_wrap=False, width=width())
 
 
 def show(renderables: list[Any], gap: bool = False) -> None:
@@ -37,7 +54,8 @@ def show(renderables: list[Any], gap: bool = False) -> None:
 
 
 def render_reports(reports: list[Any], fmt: Format, detail: Detail) -> None:
-    """One report per pipeline stage: the JSON report (``{"stages": [...]}`` for several), or the tables."""
+    """One report per pipeline stage: the JSON report (``{"stages": [...]}`` for several), or the tables (the
+    verdict lines follow with ``summarize``)."""
     from kvaudit.report import render as report
 
     if fmt is Format.json:
@@ -45,6 +63,12 @@ def render_reports(reports: list[Any], fmt: Format, detail: Detail) -> None:
     else:
         show([r for rep in reports for r in report.render_tables(rep, detail.value)], gap=True)
     sys.stdout.flush()
+
+
+def summarize(reports: list[Any]) -> None:
+    """Each report's verdict line on stderr: the last lines a command prints, after any file it wrote."""
+    from kvaudit.report import render as report
+
     for rep in reports:
         note(report.summary_line(rep))
 
@@ -64,37 +88,24 @@ def write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
 
 
 def check_outputs(*paths: str | None) -> None:
-    """Refuse, before any work, an output file that cannot be written: a folder, a missing folder, a file
-    or folder without write permission, a read-only file system (a file is made in its folder and removed)."""
-    import tempfile
-    from pathlib import Path
+    """Refuse, before any work, an output file that cannot be written (``kvaudit.outfile.check``)."""
+    from kvaudit import outfile
 
     for path in paths:
-        if path is None:
-            continue
-        p = Path(path).expanduser()
-        if p.is_dir():
-            raise UsageError(f"{path} is a directory, not a file to write")
-        if not p.parent.is_dir():
-            raise UsageError(f"cannot write {path}: folder {p.parent} does not exist")
-        try:
-            if p.exists():
-                if not os.access(p, os.W_OK):
-                    raise PermissionError(13, "Permission denied")
-            else:
-                fd, probe = tempfile.mkstemp(dir=p.parent, prefix=".kvaudit-write-check-")
-                os.close(fd)
-                os.unlink(probe)
-        except OSError as e:
-            raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+        if path is not None:
+            outfile.check(path)
 
 
-def write(path: str, text: str) -> None:
-    """Write an output file; a failure is one line, exit 2."""
-    from pathlib import Path
+def write(path: str, text: str) -> bool:
+    """Write an output file atomically (``kvaudit.outfile.write``). A failure is one line on stderr naming the
+    output, and ``False``: the command's verdict and exit code stand, and a previous file there is unchanged."""
+    from kvaudit import outfile
 
     try:
-        Path(path).expanduser().write_text(text, encoding="utf-8", errors="replace")
+        outfile.write(path, text)
     except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+        note(f"kvaudit: could not write {path}: {e.strerror or e} (the verdict stands; nothing was written there, "
+             "and a file already there is unchanged)")
+        return False
     note(f"kvaudit: wrote {path}")
+    return True

@@ -71,12 +71,17 @@ def fetch(repo_id: str, revision: str | None, trust_remote_code: bool) -> str:
     files with ``trust_remote_code``), from huggingface_hub's cache or the Hub."""
     try:
         import huggingface_hub
-        from huggingface_hub import errors
+        from huggingface_hub import constants, errors
     except ModuleNotFoundError:
         raise MissingDependency(f"{repo_id} is a Hub id: fetching it needs huggingface_hub (pip install "
                                 "huggingface_hub; vLLM depends on it), or give a local config.json") from None
+    from kvaudit import network
+
     patterns = [*CONFIG_FILES, *(REMOTE_CODE_FILES if trust_remote_code else ())]
     at = f"{repo_id}" + (f" at revision {revision}" if revision else "")
+    if not constants.HF_HUB_OFFLINE:
+        network.hub_session()
+        network.started(f"fetching {at}'s config from the Hub ({_endpoint()}), else from the cache")
     try:
         return huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
     except errors.GatedRepoError:
@@ -91,9 +96,11 @@ def fetch(repo_id: str, revision: str | None, trust_remote_code: bool) -> str:
                           f"download them where there is network (hf download {repo_id}"
                           + (f" --revision {revision}" if revision else "") + ")") from None
     except errors.LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE else f"the Hub ({_endpoint()}) cannot be reached"
-        raise ConfigError(
-            f"{at} is not in the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) and {why}: "
+        offline = constants.HF_HUB_OFFLINE
+        why = ("HF_HUB_OFFLINE is set" if offline else
+               f"the Hub ({_endpoint()}) did not answer within {network.timeout_s():g} s ({network.ENV})")
+        raise (ConfigError if offline else network.NetworkError)(
+            f"{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}: "
             f"download it where there is network (hf download {repo_id} --include config.json"
             + (" '*.py'" if trust_remote_code else "") + (f" --revision {revision}" if revision else "")
             + ") into that cache (HF_HUB_CACHE), or give a local model folder or config.json") from None

@@ -239,12 +239,14 @@ def to_dict(stages: list[PlanStage], vllm_version: str | None) -> dict:
 
 
 def save(stages: list[PlanStage], vllm_version: str | None, path: str | Path) -> Path:
-    """Write the plan file (UTF-8 JSON)."""
+    """Write the plan file (UTF-8 JSON), atomically: a failed write leaves any earlier file whole."""
+    from kvaudit import outfile
+
     p = Path(path).expanduser()
     try:
-        p.write_text(json.dumps(to_dict(stages, vllm_version), indent=1) + "\n", encoding="utf-8")
+        outfile.write(p, json.dumps(to_dict(stages, vllm_version), indent=1) + "\n")
     except OSError as e:
-        raise UsageError(f"cannot write the plan to {p}: {e.strerror or e}") from None
+        raise UsageError(f"cannot write the plan to {p}: {e.strerror or e} (a file already there is unchanged)") from None
     return p
 
 

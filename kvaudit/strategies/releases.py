@@ -191,8 +191,11 @@ def _download(version: str, into: Path) -> tuple[Path, str | None]:
     pip's log: ``Found link URL (from PAGE)``), for its published hash."""
     env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", SOC_VERSION))
     log = into / "pip.log"
+    from kvaudit import network
+
+    network.started(f"fetching {PACKAGE} {version}'s sdist from the package index (pip download)")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           "--no-build-isolation", "--disable-pip-version-check", "--retries", "1", "--log", str(log),
+           "--no-build-isolation", "--disable-pip-version-check", *network.pip_options(), "--log", str(log),
            f"{PACKAGE}=={version}", "-d", str(into)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     got = sorted(into.glob("*.tar.gz"))
@@ -216,7 +219,9 @@ def _published_sha256(page: str, filename: str) -> str | None:
         else:
             req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json, "
                                                                   "text/html;q=0.1"})
-            with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - the index pip itself used
+            from kvaudit import network
+
+            with urllib.request.urlopen(req, timeout=network.timeout_s()) as r:  # noqa: S310 - pip's own index
                 body, ctype = r.read(64 << 20), r.headers.get("Content-Type", "")
         if "json" in ctype:
             for f in json.loads(body).get("files", []):
