@@ -98,6 +98,6 @@ EXIT_CODES = {
     EXIT_BAD_INPUT: "bad input (a config, option or file; a deployment vLLM refuses)",
     EXIT_NOT_MEASURED: "could not measure (no meter, host too small, a package missing, a strategy broke)",
     EXIT_BUG: "kvaudit failed: a bug in kvaudit, not a finding (--debug shows the traceback)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, or SIGTERM)",
 }
 """Every exit code kvaudit ends with, in one place (``--help``, the README and the tests read it)."""

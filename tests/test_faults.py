@@ -206,3 +206,24 @@ def test_a_bad_network_timeout_is_a_usage_error(monkeypatch, value):
     monkeypatch.setenv(network.ENV, value)
     with pytest.raises(UsageError, match=network.ENV):
         network.timeout_s()
+
+
+# --- signals ---------------------------------------------------------------------------------------------------
+
+def test_sigterm_ends_like_ctrl_c_and_leaves_no_temporary_folder(tmp_path):
+    """``kill``, a CI job's timeout, ``docker stop``: exit 130, one line, and the gloo store kvaudit makes in TMPDIR
+    while it builds the model is removed (SIGTERM's default ending skipped every clean-up)."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "kvaudit", "qwen3-next", "--meter", "meta"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.glob("kvaudit-dist-*")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("kvaudit-dist-*")), "the model was never built"
+    p.send_signal(signal.SIGTERM)
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 130, err
+    assert err.strip().splitlines()[-1] == "kvaudit: interrupted" and "Traceback" not in err, err
+    assert not list(tmp_path.glob("kvaudit-*")), list(tmp_path.iterdir())  # (torch's inductor cache may stay)

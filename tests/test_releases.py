@@ -5,6 +5,7 @@ the sdists are then cached under ~/.cache/kvaudit (or $KVAUDIT_CACHE_DIR)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -610,19 +611,130 @@ def _cache_with(tmp_path, monkeypatch, version="0.13.0"):
     return good, copy, fetched
 
 
+def _recorded(sdist):
+    return json.loads(releases._record(sdist).read_text())["sha256"]
+
+
 def test_a_truncated_cached_sdist_is_fetched_again(tmp_path, monkeypatch):
     good, copy, fetched = _cache_with(tmp_path, monkeypatch)
     assert releases.fetch_sdist("0.13.0") == copy and fetched == []  # intact: used as it is
     copy.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a fetch cut short, a full disk
     assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
-    assert releases._sha256(copy) == releases._sha256(good) == releases._recorded_sha256(copy)
+    assert releases._sha256(copy) == releases._sha256(good) == _recorded(copy)
 
 
-def test_a_cached_sdist_without_its_record_is_fetched_again(tmp_path, monkeypatch):
+def test_a_cached_sdist_the_lock_verifies_is_used_without_its_record(tmp_path, monkeypatch):
     good, copy, fetched = _cache_with(tmp_path, monkeypatch)
     releases._record(copy).unlink()
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == []
+    assert releases.VERIFIED[copy].startswith("kvaudit's lock")
+
+
+def test_the_lock_holds_pypis_hash_of_every_release_kvaudit_names():
+    """The lock is PyPI's (scripts/lock_releases.py); every release an era or a test names is in it."""
+    lock = json.loads(releases.HASH_LOCK.read_text())
+    assert lock["source"] == releases.PYPI_JSON
+    for v in ("0.9.1", "0.11.0", "0.13.0", "0.18.0", "0.29.0rc1", "0.30.0rc2"):
+        name, digest = releases.locked_sha256(v)
+        assert name == f"vllm_ascend-{v}.tar.gz" and len(digest) == 64 and int(digest, 16) >= 0
+
+
+def _tampered(good, tmp_path):
+    """The release's sdist with one source file changed, as whoever can write the cache could make it."""
+    import io
+    import tarfile
+
+    out = tmp_path / "tampered.tar.gz"
+    with tarfile.open(good) as src, tarfile.open(out, "w:gz") as dst:
+        for m in src:
+            f = src.extractfile(m) if m.isfile() else None
+            data = f.read() if f else None
+            if m.name.endswith("/setup.py"):
+                data = b"import os; os.system('touch /tmp/pwned')\n" + data
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    return out.read_bytes()
+
+
+def test_a_replaced_sdist_with_its_record_rewritten_is_never_run(tmp_path, monkeypatch):
+    """Anyone who can write the cache can replace an sdist and the hash recorded beside it: the lock decides."""
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    copy.write_bytes(_tampered(good, tmp_path))
+    releases._record(copy).write_text(json.dumps({"sha256": releases._sha256(copy), "index": None,
+                                                  "published": True}))
     assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
-    assert releases._recorded_sha256(copy) == releases._sha256(good)
+    assert releases._sha256(copy) == releases._sha256(good)
+
+
+@pytest.fixture
+def unlocked(tmp_path, monkeypatch):
+    """A release newer than kvaudit's lock: an empty lock."""
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"sdists": {}}))
+    monkeypatch.setattr(releases, "HASH_LOCK", lock)
+
+
+def _index_page(tmp_path, name, digest):
+    page = tmp_path / "index" / "vllm-ascend"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<a href="../../files/{name}#sha256={digest}">{name}</a>')
+    return page.as_uri() + "/"
+
+
+def test_a_release_newer_than_the_lock_is_verified_against_the_index_before_it_runs(tmp_path, monkeypatch, unlocked):
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    page = _index_page(tmp_path, good.name, releases._sha256(good))
+    releases._record(copy).write_text(json.dumps({"sha256": "0" * 64, "index": page, "published": True}))
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == []  # the index's hash, not the record's
+    assert releases.VERIFIED[copy] == f"the hash {page} publishes"
+    copy.write_bytes(_tampered(good, tmp_path))
+    with pytest.raises(StrategyFailed, match="has no hash None publishes, so it cannot be verified"):
+        releases.fetch_sdist("0.13.0")  # (the stand-in download names no index page)
+
+
+def test_a_release_newer_than_the_lock_is_not_run_when_the_index_does_not_answer(tmp_path, monkeypatch, unlocked):
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    releases._record(copy).write_text(json.dumps({"sha256": releases._sha256(copy),
+                                                  "index": (tmp_path / "gone").as_uri() + "/", "published": True}))
+    with pytest.raises(StrategyFailed, match="not in kvaudit's lock .* did not give its hash; nothing of it was run"):
+        releases.fetch_sdist("0.13.0")
+    assert fetched == []
+
+
+def test_a_huge_member_is_refused_before_it_is_read(tmp_path):
+    import io
+    import tarfile
+
+    from kvaudit.strategies.runner_code import MAX_MEMBER_BYTES, SourceTree
+
+    tarball = tmp_path / "vllm_ascend-9.9.9.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tf:
+        info = tarfile.TarInfo("vllm_ascend-9.9.9/vllm_ascend/big.py")
+        info.size = MAX_MEMBER_BYTES + 1
+        tf.addfile(info, io.BytesIO(b"#" * info.size))
+    with pytest.raises(StrategyFailed, match="big.py is 4,194,305 B .a source file is at most 4,194,304 B"):
+        SourceTree("vllm-ascend 9.9.9", tarball=tarball).read("vllm_ascend/big.py")
+
+
+def test_stale_temporary_folders_of_killed_fetches_are_swept(tmp_path, monkeypatch):
+    import time
+
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    stale, live = tmp_path / "sdists" / "tmpstale", tmp_path / "sdists" / "tmplive"
+    for d in (stale, live):
+        (d / "half").mkdir(parents=True)
+    old = time.time() - releases.STALE_S - 60
+    os.utime(stale, (old, old))
+    releases.fetch_sdist("0.13.0")
+    assert not stale.exists() and live.exists()
+
+
+def test_the_release_code_that_runs_in_process_is_said_once(capsys):
+    releases._SAID.discard("0.13.0")
+    for _ in range(2):
+        releases._say_running("0.13.0", Path("vllm_ascend-0.13.0.tar.gz"))
+    err = capsys.readouterr().err
+    assert err.count("kvaudit: running vllm-ascend 0.13.0's own code in this process") == 1, err
 
 
 def test_processes_that_fetch_one_release_at_once_fetch_it_once(tmp_path, monkeypatch):
@@ -642,6 +754,42 @@ def test_processes_that_fetch_one_release_at_once_fetch_it_once(tmp_path, monkey
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     assert log.read_text().split() == ["fetched", f"got:{copy}", f"got:{copy}"]
+
+
+def test_processes_that_repair_one_corrupt_sdist_at_once_both_go_on(tmp_path, monkeypatch):
+    """Two runs that find the same cut-short sdist: one repairs it, the other uses the repair (one had exited 3,
+    "the cache is not writable", from an unlink of what the first had removed)."""
+    import multiprocessing
+
+    good, copy, _ = _cache_with(tmp_path, monkeypatch)
+    copy.write_bytes(good.read_bytes()[:1000])
+    log = tmp_path / "fetches.log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fetch_logged, args=(str(good), str(log))) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert log.read_text().split() == ["fetched", f"got:{copy}", f"got:{copy}"]
+
+
+def test_a_corrupt_sdist_another_process_removes_meanwhile_is_fetched_again(tmp_path, monkeypatch):
+    """Where the cache's lock cannot be taken (a file system without flock), a second run may remove the corrupt
+    sdist and its record between this run's look and its repair: that is no unwritable cache."""
+    good, copy, fetched = _cache_with(tmp_path, monkeypatch)
+    copy.write_bytes(good.read_bytes()[:1000])
+    real = releases._sha256
+
+    def hashed_then_removed(path):
+        digest = real(path)
+        if path == copy and fetched == []:
+            path.unlink()
+            releases._record(path).unlink()
+        return digest
+
+    monkeypatch.setattr(releases, "_sha256", hashed_then_removed)
+    assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
 
 
 def _fetch_logged(good: str, log: str) -> None:
@@ -664,6 +812,20 @@ def _fetch_logged(good: str, log: str) -> None:
 
 def test_an_sdist_that_is_not_the_published_one_is_refused_and_not_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("KVAUDIT_CACHE_DIR", str(tmp_path))
+
+    def download(v, into):
+        (into / "vllm_ascend-0.13.0.tar.gz").write_bytes(b"not the release")
+        return into / "vllm_ascend-0.13.0.tar.gz", "https://pypi.org/simple/vllm-ascend/"
+
+    monkeypatch.setattr(releases, "_download", download)
+    monkeypatch.setattr(releases, "_published_sha256", lambda page, name: "0" * 64)
+    with pytest.raises(StrategyFailed, match="is not the one kvaudit's lock .release_hashes.json. holds"):
+        releases.fetch_sdist("0.13.0")
+    assert not list(tmp_path.rglob("*.tar.gz"))
+
+
+def test_an_sdist_newer_than_the_lock_that_is_not_the_published_one_is_refused(tmp_path, monkeypatch, unlocked):
+    monkeypatch.setenv("KVAUDIT_CACHE_DIR", str(tmp_path / "cache"))
 
     def download(v, into):
         (into / "vllm_ascend-0.13.0.tar.gz").write_bytes(b"not the release")

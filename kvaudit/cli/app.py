@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import signal
 import sys
 from types import SimpleNamespace
 from typing import Annotated, Any, Callable
@@ -182,6 +183,19 @@ def _elsewhere(argv: list[str], debug: bool = False) -> int | None:
     return subprocess.run([str(exe), "-m", "kvaudit", *rest], env=env).returncode
 
 
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM (``kill``, a CI job's timeout, ``docker stop``) ends the command as Ctrl-C does: what it made is
+    cleaned up on the way out (temporary folders, the release cache's partial fetch) and the exit is 130. The
+    previous handler, to restore; ``None`` outside the main thread, where no handler can be set."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return None
+
+
 def _reopen_closed_streams() -> None:
     """A standard stream the caller closed (``kvaudit ... >&-``, ``2>&-``, ``<&-``) is opened on the null device, so
     what would go there is dropped and nothing else kvaudit opens lands on its descriptor (a file opened on
@@ -304,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("KVAUDIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     _reopen_closed_streams()
+    terminate = _sigterm_as_interrupt()
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _PipeGuard(sys.stdout), _PipeGuard(sys.stderr)
     try:
@@ -324,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         sys.stdout, sys.stderr = streams
+        if terminate is not None:
+            signal.signal(signal.SIGTERM, terminate)
 
 
 def _main(argv: list[str], debug: bool) -> int:

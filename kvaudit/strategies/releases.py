@@ -35,6 +35,9 @@ RUNNER_CLASS = "NPUModelRunner"
 SOC_VERSION = "ascend910b1"
 """vllm-ascend's setup.py needs a target chip to prepare its metadata on a host without npu-smi."""
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+HASH_LOCK = Path(__file__).with_name("release_hashes.json")
+"""kvaudit's lock of vllm-ascend sdist hashes, from PyPI's JSON API (``scripts/lock_releases.py`` refreshes it)."""
+PYPI_JSON = "https://pypi.org/pypi/vllm-ascend/json"
 
 
 def cache_dir() -> Path:
@@ -142,26 +145,88 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def locked_sha256(version: str) -> tuple[str, str] | None:
+    """The sdist file name and SHA-256 kvaudit's lock holds for ``version`` (``HASH_LOCK``), or ``None``."""
+    try:
+        entry = json.loads(HASH_LOCK.read_text()).get("sdists", {}).get(version)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (entry["filename"], entry["sha256"]) if isinstance(entry, dict) else None
+
+
+VERIFIED: dict[Path, str] = {}
+"""The sdists verified in this process, and against what (``kvaudit.strategies.releases.verified_by``)."""
+
+
 def _cached_or_fetched(version: str, target: Path) -> Path:
-    """``fetch_sdist`` under its lock: the cached sdist while its hash is the recorded one, else fetched."""
+    """``fetch_sdist`` under its lock. A cached sdist is used only while its SHA-256 is the one kvaudit's lock holds
+    for the release, or, for a release newer than the lock, the one the index publishes now: the cache's own record
+    is never trusted, since whoever can write the cache can write it too. Anything else is fetched again, and a
+    fetched sdist is kept only when it passes the same check."""
+    _sweep(target.parent)
+    locked = locked_sha256(version)
     for found in sorted(target.glob("*.tar.gz")) if target.is_dir() else []:
-        if _recorded_sha256(found) == _sha256(found):
+        digest = _sha256(found)
+        if locked is not None and (found.name, digest) == locked:
+            VERIFIED[found] = f"kvaudit's lock of PyPI's hashes ({HASH_LOCK.name})"
             return found
-        found.unlink()  # not what the index published (a fetch cut short, a disk error): fetched again
-        _record(found).unlink(missing_ok=True)
+        if locked is None:
+            page = _recorded_index(found)
+            published = _published_sha256(page, found.name) if page else None
+            if published == digest:
+                VERIFIED[found] = f"the hash {page} publishes"
+                return found
+            if published is None:
+                raise StrategyFailed(f"cannot verify the cached {PACKAGE} {version} sdist: the release is not in "
+                                     f"kvaudit's lock ({HASH_LOCK.name}; scripts/lock_releases.py adds it) and the "
+                                     f"package index did not give its hash; nothing of it was run")
+        found.unlink(missing_ok=True)  # not the published sdist (cut short, a disk error, replaced): fetched again
+        _record(found).unlink(missing_ok=True)  # (another process repairing it at once may have removed both)
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         got, page = _download(version, Path(tmp))
         digest = _sha256(got)
-        published = _published_sha256(page, got.name) if page else None
-        if published is not None and published != digest:
+        if locked is not None:
+            published, source, verb = (locked[1] if locked[0] == got.name else None), \
+                f"kvaudit's lock ({HASH_LOCK.name})", "holds"
+        else:
+            published, source, verb = (_published_sha256(page, got.name) if page else None), str(page), "publishes"
+        if published != digest:
+            why = (f"is not the one {source} {verb} (sha256 {published[:12]}…)" if published else
+                   f"has no hash {source} publishes, so it cannot be verified")
             raise StrategyFailed(f"the {PACKAGE} {version} sdist pip fetched ({got.name}, sha256 {digest[:12]}…) "
-                                 f"is not the one {page} publishes (sha256 {published[:12]}…); nothing was cached")
+                                 f"{why}; nothing was cached or run")
         final = target / got.name
-        _record(final).write_text(json.dumps({"sha256": published or digest, "index": page,
-                                              "published": published is not None}) + "\n")
+        _record(final).write_text(json.dumps({"sha256": digest, "index": page, "published": True}) + "\n")
         os.replace(got, final)
+    VERIFIED[final] = source if locked is not None else f"the hash {page} publishes"
     return final
+
+
+STALE_S = 3600
+"""A temporary folder in the cache older than this is a fetch that was killed (SIGKILL, a power cut): swept."""
+
+
+def _sweep(sdists: Path) -> None:
+    """Remove the temporary folders killed fetches left in the cache (a live fetch's is younger than ``STALE_S``)."""
+    import shutil
+    import time
+
+    for tmp in sdists.glob("tmp*") if sdists.is_dir() else []:
+        try:
+            if tmp.is_dir() and time.time() - tmp.stat().st_mtime > STALE_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _recorded_index(sdist: Path) -> str | None:
+    """The index page the sdist was fetched from, as recorded beside it (where to ask for its hash again)."""
+    try:
+        page = json.loads(_record(sdist).read_text()).get("index")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return page if isinstance(page, str) and page.startswith(("https://", "http://", "file:")) else None
 
 
 def _record(sdist: Path) -> Path:
@@ -456,11 +521,24 @@ def allocate_extracted(code: Extracted, plan: KVPlan, device: Any, kv_transfer: 
     return code.call(plan.shared_by_config(), attributes, methods, built)
 
 
+_SAID: set[str] = set()
+
+
+def _say_running(version: str, tarball: Path) -> None:
+    """Once per run and release, on stderr: that its own code runs in this process, and what verified it."""
+    if version not in _SAID:
+        _SAID.add(version)
+        print(f"kvaudit: running {PACKAGE} {version}'s own code in this process (its setup.py build info and "
+              f"allocator, from {tarball.name}, sha256 verified against {VERIFIED.get(tarball, 'its record')})",
+              file=sys.stderr, flush=True)
+
+
 def release_strategy(version: str) -> Strategy:
     """The strategy that runs vllm-ascend ``version``'s own allocation code."""
     from kvaudit.plan.planner import load_vllm
 
     tarball = fetch_sdist(version)
+    _say_running(version, tarball)
     load_vllm()  # vLLM's modules importable (and torchvision's ops declared) before the code's imports bind
     label = f"{PACKAGE} {version}"
     tree = SourceTree(label, tarball=tarball)

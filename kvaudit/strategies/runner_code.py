@@ -36,6 +36,13 @@ _OTHER_FILES = ("Dockerfile", "docs/source/user_guide/release_notes.md")
 """Besides the Python sources: the vLLM a release pins (its Dockerfile's ``VLLM_TAG``) and its notes."""
 
 
+MAX_MEMBER_BYTES = 4 << 20
+"""The largest source file read from a release's sdist (vllm-ascend's largest, 0.30's ``model_runner_v1.py``: 0.3 MB):
+a larger member is no release's (a 1 GiB one once took 2.6 GB of memory to read)."""
+MAX_SOURCE_BYTES = 256 << 20
+"""The most source read from one sdist in all (vllm-ascend 0.30: 22.6 MB of Python in 1,896 files)."""
+
+
 class SourceTree:
     """Python sources of one package release: a directory on disk or an sdist tarball."""
 
@@ -53,13 +60,21 @@ class SourceTree:
             return p.read_text(encoding="utf-8") if p.is_file() else None
         if self._members is None:  # one pass over the archive: every .py file, keyed by its path
             members: dict[str, str] = {}
+            total = 0
             try:
                 with tarfile.open(self.tarball) as tf:  # type: ignore[arg-type]
                     for m in tf:
                         rest = m.name.partition("/")[2]
-                        if m.isfile() and (rest.endswith(".py") or rest in _OTHER_FILES) and \
-                                (f := tf.extractfile(m)) is not None:
-                            members[rest] = f.read().decode("utf-8", errors="replace")
+                        if not (m.isfile() and (rest.endswith(".py") or rest in _OTHER_FILES)):
+                            continue
+                        total += m.size
+                        if m.size > MAX_MEMBER_BYTES or total > MAX_SOURCE_BYTES:
+                            raise StrategyFailed(
+                                f"{self.label}: {self.tarball} is not a release's source: {m.name} is {m.size:,} B"
+                                + (f" (a source file is at most {MAX_MEMBER_BYTES:,} B here)" if m.size > MAX_MEMBER_BYTES
+                                   else f", past {MAX_SOURCE_BYTES:,} B of sources in all"))
+                        if (f := tf.extractfile(m)) is not None:
+                            members[rest] = f.read(MAX_MEMBER_BYTES + 1).decode("utf-8", errors="replace")
             except (tarfile.TarError, EOFError, OSError, zlib.error) as e:  # EOFError: a gzip stream cut short
                 raise StrategyFailed(f"{self.label}: cannot read {self.tarball}: {type(e).__name__}: "
                                      f"{' '.join(str(e).split()) or 'truncated'}") from None
