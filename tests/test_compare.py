@@ -314,7 +314,11 @@ def test_groups_and_layers_only_in_one_report_are_listed_not_regressions():
     base = data(BASE)
     new = copy.deepcopy(base)
     a = audit_of(new, "ascend-0.16")
+    gone = next(r for r in a["layers"] if r["layer"] == LAYER)
     a["layers"] = [r for r in a["layers"] if r["layer"] != LAYER]
+    for row_ in (a, next(g for g in a["groups"] if g["group"] == gone["group"])):  # (a report without the layer)
+        row_["expected_bytes"] -= gone["expected_bytes"]
+        row_["allocated_bytes"] -= gone["allocated_bytes"]
     a["groups"].append({"group": 4, "spec": "MambaSpec", "layers": 0, "expected_bytes": 1, "allocated_bytes": 99})
     s = strategy(C.compare(saved(base), saved(new)), "ascend-0.16")
     assert statuses(s) == {"layer 5.linear_attn": C.Status.REMOVED, "group 4": C.Status.ADDED}
@@ -539,3 +543,48 @@ def test_it_imports_neither_torch_nor_vllm():
 def test_the_module_says_what_it_is_in_one_line():
     doc = ast.get_docstring(ast.parse((ROOT / "kvaudit" / "report" / "compare.py").read_text()))
     assert doc and "\n" not in doc.strip()
+
+
+# ------------------------------------------------------------------------------------------ figures never believed
+
+
+def test_an_alignment_allowance_beyond_one_unit_per_tensor_is_refused():
+    """An allowance of 10^15 B once hid an 8x regression."""
+    new = copy.deepcopy(data(BASE))
+    audit_of(new, "ascend-0.16")["alignment_allowance_bytes"] = 10 ** 15
+    with pytest.raises(UsageError, match="alignment_allowance_bytes 1,000,000,000,000,000 is more than 2.00 MiB"):
+        saved(new)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("expected_bytes", 2 ** 60, "beyond any device"), ("tolerance_bytes", 10 ** 15, "tolerance_bytes"),
+    ("tolerance_bytes", -1, "tolerance_bytes")])
+def test_figures_out_of_range_are_refused(key, value, match):
+    new = copy.deepcopy(data(BASE))
+    audit_of(new, "ascend-0.16")[key] = value
+    with pytest.raises(UsageError, match=match):
+        saved(new)
+
+
+def test_totals_and_verdict_are_recomputed_from_the_rows():
+    """A report whose total and verdict say nothing changed while its layers allocate 8x is a regression."""
+    base = data(BASE)
+    new = copy.deepcopy(base)
+    a = audit_of(new, "ascend-0.16")
+    for r in a["layers"]:
+        r["allocated_bytes"] = 8 * r["expected_bytes"]
+    c = C.compare(saved(base), saved(new))
+    s = strategy(c, "ascend-0.16")
+    assert a["verdict"] == "PASS" and s.new_verdict == "FAIL" and s.status is C.Status.REGRESSION
+    assert row(s, "total").new.allocated == 8 * a["expected_bytes"] and c.exit_code == 1
+    a2 = copy.deepcopy(a)  # a total claiming a larger plan than its rows hides nothing either
+    a2["expected_bytes"] *= 8
+    assert C._recomputed(a2)["expected_bytes"] == a["expected_bytes"]
+
+
+def test_a_report_with_no_audits_is_refused():
+    new = copy.deepcopy(data(BASE))
+    new["skipped"] = [{"strategy": x["strategy"], "reason": "edited"} for x in new["audits"]]
+    new["audits"] = []
+    with pytest.raises(UsageError, match="no strategy was audited"):
+        saved(new)

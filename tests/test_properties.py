@@ -28,13 +28,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from kvaudit.cli.app import _failure, main  # noqa: E402
-from kvaudit.errors import EXIT_BUG, EXIT_CODES  # noqa: E402
+from kvaudit.errors import EXIT_BUG, EXIT_CODES, UsageError  # noqa: E402
 
 EXAMPLES = {
-    "config": 2500, "hf_overrides": 1000, "deployment_options": 1000, "sizes": 500, "report_reading": 2000, "report_recombined": 10000,
-    "report_files": 300, "policy": 1500, "compare": 800, "plan_file": 800, "plan_file_audit": 60,
+    "config": 2500, "config_fields": 600, "hf_overrides": 1000, "deployment_options": 1000, "sizes": 500, "report_reading": 2000, "report_recombined": 10000,
+    "report_files": 300, "policy": 1500, "compare": 800, "compare_tampered": 400, "plan_file": 800, "plan_file_audit": 60,
 }
-"""Inputs per test: 20,460 in all; 12,300 are reports that triage reads and concludes on (issue 21: at least
+"""Inputs per test: 21,460 in all; 12,300 are reports that triage reads and concludes on (issue 21: at least
 10,000)."""
 
 
@@ -139,6 +139,39 @@ def test_any_config_is_read_or_refused_in_one_line(data):
     doc = data.draw(mutated(data.draw(st.sampled_from(CONFIGS))))
     path = _file("config.json", _json_text(data.draw, doc))
     assert _ending(load_model_spec, path) in (0, 2)
+
+
+NOT_COUNTS = st.sampled_from([True, False, math.nan, math.inf, -math.inf, "48", "", 2.5, 1e-300, [1], {"a": 1}])
+"""Values no count, size or period can be: booleans (``isinstance(True, int)``), NaN and infinities, strings,
+fractions; a list or a table is a per-layer value, which vLLM judges."""
+
+
+@_settings("config_fields")
+@given(st.data())
+def test_every_checked_config_field_refuses_what_is_no_number(data):
+    """Issue 34: Qwen3-Next with ``full_attention_interval: NaN`` or ``true`` was planned and passed 4 times."""
+    from kvaudit.errors import ConfigError
+    from kvaudit.model.spec import AT_LEAST_ONE, AT_LEAST_ZERO, AT_MOST, load_model_spec, text_config
+
+    doc = copy.deepcopy(data.draw(st.sampled_from(CONFIGS)))
+    section = text_config(doc)
+    key = data.draw(st.sampled_from([*AT_LEAST_ONE, *AT_LEAST_ZERO]))
+    value = data.draw(st.one_of(NOT_COUNTS, st.sampled_from([10 ** 40, 2 ** 63])) if key in AT_MOST else NOT_COUNTS)
+    section[key] = value
+    if key == "sliding_window":
+        section.pop("use_sliding_window", None)
+    if key in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+        section.pop("use_mla", None)
+    path = _file("config.json", json.dumps(doc, allow_nan=True))
+    if isinstance(value, (list, dict)):
+        assert _ending(load_model_spec, path) in (0, 2)
+        return
+    try:
+        load_model_spec(path)
+    except ConfigError as e:
+        assert repr(key) in e.message and "\n" not in e.message, e.message
+    else:
+        raise AssertionError(f"{key}={value!r} was read as a model")
 
 
 @_settings("hf_overrides")
@@ -461,6 +494,41 @@ def test_any_two_saved_reports_are_compared_or_refused(data):
         C.to_json(c), C.summary_line(c), C.render(c, data.draw(st.sampled_from(["summary", "groups", "layers"])))
 
     assert _ending(run) in (0, 2)
+
+
+TAMPER = st.sampled_from([0, 1, -1, 10 ** 15, 2 ** 60, 10 ** 40, True, None, "PASS", 0.5, math.nan])
+
+
+@_settings("compare_tampered")
+@given(data=st.data())
+def test_a_regression_in_the_rows_is_never_hidden_by_a_tampered_figure(data):
+    """Issue 34: whatever else of the new report is changed (its total, verdict, allowance or tolerance, a group),
+    a layer that allocates 8x its plan is a regression, or the report is refused; never a pass."""
+    from kvaudit.report import compare as C
+
+    base = copy.deepcopy(data.draw(st.sampled_from(REPORTS)))
+    audits = base["stages"][0]["audits"] if "stages" in base else base["audits"]
+    if not audits or not any(a["layers"] for a in audits):
+        return
+    new = copy.deepcopy(base)
+    new_audits = new["stages"][0]["audits"] if "stages" in new else new["audits"]
+    a = data.draw(st.sampled_from([x for x in new_audits if x["layers"]]))
+    layer = data.draw(st.sampled_from(a["layers"]))
+    layer["allocated_bytes"] = 8 * max(layer["expected_bytes"], 1 << 20)
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.sampled_from(["audit", "group", "other layer"]))
+        target = a if where == "audit" else data.draw(st.sampled_from(a["groups"] or [a])) if where == "group" \
+            else data.draw(st.sampled_from(a["layers"]))
+        if target is layer:
+            continue
+        key = data.draw(st.sampled_from(["expected_bytes", "allocated_bytes", "verdict", "tolerance_bytes",
+                                         "alignment_allowance_bytes"]))
+        target[key] = data.draw(TAMPER)
+    try:
+        c = C.compare(C.parse_report(base, "old.json"), C.parse_report(new, "new.json"))
+    except UsageError:
+        return
+    assert c.exit_code == 1, (a["strategy"], layer["layer"])
 
 
 # --- plan files -------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ this module only refuses what is not a HuggingFace config, is inconsistent, or d
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -185,8 +187,12 @@ largest public configs have 126 layers, hidden size 16,384, intermediate size 53
 def _check_sizes(cfg: Mapping[str, Any], where: Any) -> None:
     for key, least in (*((k, 1) for k in AT_LEAST_ONE), *((k, 0) for k in AT_LEAST_ZERO)):
         v = cfg.get(key)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue  # absent, null (none of it) or not a number: vLLM's and transformers' own checks judge it
+        if v is None or isinstance(v, (list, dict)):
+            continue  # absent, null (none of it), or per-layer values: vLLM's and transformers' own checks judge it
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                (isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+            raise ConfigError(f"{where}: field {key!r} is {v!r}, not a whole number (a count, size or period: true is "
+                              "no count, and NaN or infinity no size)")
         if key == "sliding_window" and cfg.get("use_sliding_window") is False:
             continue  # (Qwen2's configs: a window that is not used)
         if key in MLA_SIZES and cfg.get("use_mla") is False:

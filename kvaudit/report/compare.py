@@ -81,6 +81,9 @@ def parse_report(data: Any, name: str) -> SavedReport:
         raise bad("it is the output of kvaudit triage, which has no audits to compare")
     else:
         raise bad("no audits and no stages")
+    if not any(s["audits"] for s in stages):
+        raise bad("no strategy was audited (every one skipped): nothing to compare")
+    stages = [{**s, "audits": [_recomputed(a) for a in s["audits"]]} for s in stages]
     ranks = [_pp_rank(s, i) for i, s in enumerate(stages)]
     if len(set(ranks)) != len(ranks):
         raise bad(f"two stages with the same pipeline_parallel_rank ({ranks})")
@@ -124,10 +127,57 @@ def _check_stage(stage: Any, where: str, bad: Any) -> None:
                 seen.add(row[ident])
                 _check_figures(row, f"{at}, {ident} {row[ident]}", bad)
                 _check_optional(row, f"{at}, {ident} {row[ident]}", bad, _ROW_FIELDS)
+        _check_sums(a, at, bad)
     skipped = stage.get("skipped", [])
     if not isinstance(skipped, list) or not all(isinstance(s, dict) and isinstance(s.get("strategy"), str)
                                                 for s in skipped):
         raise bad(f"{where}: skipped is not a list of strategies")
+
+
+MAX_FIGURE = 1 << 50
+"""Bytes no figure of a report reaches (1 PiB: a thousand times the largest device's memory)."""
+
+
+def _check_sums(a: dict, at: str, bad: Any) -> None:
+    """Figures no report of kvaudit's can hold are refused: an alignment allowance beyond one ``ALIGNMENT`` unit per
+    planned tensor (``--kv-transfer``), a tolerance beyond the plan plus that allowance."""
+    from kvaudit.strategies.strategy import ALIGNMENT
+
+    tensors = len(_list(_dict(a.get("plan")).get("tensors"))) or len(a["layers"]) or 1
+    allowance = a.get("alignment_allowance_bytes") or 0
+    if allowance > ALIGNMENT * tensors:
+        raise bad(f"{at}: alignment_allowance_bytes {allowance:,} is more than {fmt_bytes(ALIGNMENT)} for each of "
+                  f"its {tensors:,} planned tensors")
+    tol = a.get("tolerance_bytes")
+    if tol is not None and not (_is_int(tol) and 0 <= tol <= tolerance_bytes(a["expected_bytes"], 1.0, allowance)):
+        raise bad(f"{at}: tolerance_bytes {json.dumps(tol)[:24]} is not between 0 and the plan plus its allowance")
+
+
+def _recomputed(a: dict) -> dict:
+    """The audit with its totals and verdict recomputed from its layer rows, never believed over them: the planned
+    bytes of the strategy and of each group at most their layers' (each row is a share of the plan), the allocated
+    bytes at least their layers' (a total also holds bytes no layer was given), and a PASS that its own figures put
+    beyond its tolerance (the audit's rule, ``exceeds_plan``) a FAIL."""
+    def from_rows(total: dict, rows: list[dict]) -> dict:
+        # (a layer's share of a storage is rounded to a byte: its rows may add up to a byte per row more or less)
+        expected, allocated = (sum(r[k] for r in rows) for k in ("expected_bytes", "allocated_bytes"))
+        return {**total, "expected_bytes": expected if expected < total["expected_bytes"] - len(rows)
+                else total["expected_bytes"], "allocated_bytes": allocated
+                if allocated > total["allocated_bytes"] + len(rows) else total["allocated_bytes"]}
+
+    layers = a["layers"]
+    if layers:
+        a = from_rows(a, layers)
+        a["groups"] = [from_rows(g, mine) if (mine := [r for r in layers if r.get("group") == g["group"]]) else g
+                       for g in a["groups"]]
+    else:
+        a = dict(a)
+    tol = a.get("tolerance_bytes")
+    if tol is None:
+        tol = tolerance_bytes(a["expected_bytes"], DEFAULT_TOLERANCE, a.get("alignment_allowance_bytes") or 0)
+    if a["verdict"] == Verdict.PASS.value and exceeds_plan(a["allocated_bytes"], a["expected_bytes"], tol):
+        a["verdict"] = Verdict.FAIL.value
+    return a
 
 
 _AUDIT_FIELDS = {"alignment_allowance_bytes": int, "leaked_bytes": int, "allocations": int, "num_blocks": int,
@@ -160,6 +210,8 @@ def _check_figures(row: dict, where: str, bad: Any) -> None:
     for key in ("expected_bytes", "allocated_bytes"):
         if not _is_int(row.get(key)) or row[key] < 0:
             raise bad(f"{where} has no {key} (a non-negative integer)")
+        if row[key] > MAX_FIGURE:
+            raise bad(f"{where}: {key} {row[key]:,} is beyond any device ({fmt_bytes(MAX_FIGURE)})")
 
 
 def _is_int(v: Any) -> bool:
