@@ -86,7 +86,12 @@ def device_kind(inp: dict, case: dict) -> str:
     device = str(case.get("device") or "").lower()
     if "gb10" in device or "dgx spark" in device:
         return "gb10-128g"
-    if "a100" in device:
+    if "a100" in device:  # by the memory the inputs give, else the card's name (prose may name the other size)
+        given = inp.get("device_memory")
+        if given:
+            from kvaudit.units import parse_size
+
+            return "a100-40g" if parse_size(str(given), "device_memory") < 60 * 2**30 else "a100-80g"
         return "a100-40g" if "40g" in device.replace(" ", "") else "a100-80g"
     return "h100-80g"
 
