@@ -56,6 +56,14 @@ def ansi_unterminated(n: int) -> str:
     return ("\x1b]0;" * 2000 + "\n") * max(1, n // 100)
 
 
+def tracebacks(n: int) -> str:
+    """``n`` out-of-memory tracebacks in one paste (a crash loop's log): each error line asks for its phase."""
+    one = ('Traceback (most recent call last):\n  File "/v/gpu_model_runner.py", line 1, in profile_run\n'
+           '  File "/v/gpu_model_runner.py", line 2, in _dummy_run\n'
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    return one * max(1, n)
+
+
 def _compare_report(n: int) -> Path:
     doc = json.loads((ROOT / "fixtures/reports/compare/qwen3-next-util0.7-meta.json").read_text())
     for a in doc["audits"]:
@@ -133,6 +141,7 @@ CASES: list[tuple[str, Callable[[int], object], Callable[[object], None], int]] 
     ("report: whitespace after a utilization", utilization_whitespace, _report, 10000),
     ("report: nvidia-smi-like digit rows", smi_digits, _report, 10000),
     ("report: unterminated ANSI sequences", ansi_unterminated, _report, 10000),
+    ("report: out-of-memory tracebacks", tracebacks, _report, 10000),
     ("compare: layers per strategy", compare_layers, _compare, 2000),
     ("plan file: layers", plan_file_layers, _plan, 2000),
     ("policy: entries", policy_entries, _policy, 2000),

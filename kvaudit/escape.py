@@ -1,5 +1,5 @@
 """Foreign text (from reports, policies, configs, saved files) made safe for each document kvaudit writes:
-XML 1.0 (JUnit, SVG, HTML) and GitHub Markdown (triage's report). No torch, no vLLM, no rich."""
+XML 1.0 (JUnit, SVG, HTML), GitHub Markdown (triage's report) and the terminal. No torch, no vLLM, no rich."""
 
 from __future__ import annotations
 
@@ -14,6 +14,28 @@ def xml_safe(text: Any) -> str:
     """``text`` without the characters XML 1.0 forbids (a control character in a policy's ``why`` made the
     JUnit file and the SVG unreadable to every XML parser)."""
     return XML_INVALID.sub("", str(text))
+
+
+TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters but newline and tab: ESC starts the sequences that set a window's title, clear the
+screen or move the cursor, and rich passes it through."""
+
+
+def terminal_safe(text: Any) -> str:
+    """``text`` with each control character shown as its escape (``\\x1b``), so a name from a policy, a saved report
+    or a config reaches the terminal as text, never as a command to it."""
+    return TERMINAL_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def terminal_safe_tree(value: Any) -> Any:
+    """Every string of decoded JSON or TOML (keys too) through ``terminal_safe``; other values as they are."""
+    if isinstance(value, str):
+        return terminal_safe(value) if TERMINAL_CONTROL.search(value) else value
+    if isinstance(value, dict):
+        return {terminal_safe_tree(k): terminal_safe_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [terminal_safe_tree(v) for v in value]
+    return value
 
 
 _TICKS = re.compile(r"`+")

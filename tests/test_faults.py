@@ -227,3 +227,130 @@ def test_sigterm_ends_like_ctrl_c_and_leaves_no_temporary_folder(tmp_path):
     assert p.wait(timeout=60) == 130, err
     assert err.strip().splitlines()[-1] == "kvaudit: interrupted" and "Traceback" not in err, err
     assert not list(tmp_path.glob("kvaudit-*")), list(tmp_path.iterdir())  # (torch's inductor cache may stay)
+
+
+# --- names that reach the terminal ----------------------------------------------------------------------------
+
+TITLE = "\x1b]0;PWNED\x07\x1b[2J"
+"""Set the window's title, clear the screen."""
+
+
+def test_a_policys_model_name_reaches_the_terminal_as_text(tmp_path, capsys):
+    policy = tmp_path / "kvaudit.toml"
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 32 else c for c in TITLE)  # (TOML's escapes)
+    policy.write_text(f'[[model]]\nname = "{escaped}llama"\n')
+    code = main(["check", str(policy)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "\x1b" not in out + err and "\\x1b]0;PWNED\\x07" in err, err
+
+
+def test_a_saved_reports_names_reach_the_terminal_as_text(tmp_path, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("COLUMNS", "200")
+    doc = json.loads((ROOT / "fixtures/reports/compare/qwen3-next-util0.7-meta.json").read_text())
+    doc["model"] = TITLE + doc["model"]
+    doc["audits"][0]["strategy"] = TITLE + doc["audits"][0]["strategy"]
+    doc["audits"][0]["layers"][0]["layer"] = TITLE + doc["audits"][0]["layers"][0]["layer"]
+    paths = []
+    for name in ("old.json", "new.json"):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(doc))
+    code = main(["compare", *map(str, paths), "--detail", "layers"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "\x1b" not in out + err and "\\x1b]0;PWNED\\x07" in out, out[:500]
+
+
+def test_a_config_folders_name_reaches_the_terminal_as_text(tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / f"{TITLE}model"
+    folder.mkdir()
+    shutil.copy(ROOT / "fixtures/configs/llama-3.1-8b/config.json", folder / "config.json")
+    code = main(["audit", "--config", str(folder), "--meter", "meta", "--detail", "summary"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "\x1b]" not in out + err and "\\x1b]0;PWNED" in out + err, (out[:300], err)
+
+
+def test_a_policys_why_reaches_the_terminal_as_text(tmp_path):
+    """Every string of a policy is made text when it is read (a cell's why is shown where its outcome is)."""
+    from kvaudit.ci.policy import load_policy
+
+    policy = tmp_path / "kvaudit.toml"
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 32 else c for c in TITLE)
+    policy.write_text(f'[check]\nmeter = "meta"\n[[model]]\nname = "llama-3.1-8b"\nstrategies = ["vllm"]\n'
+                      f'why = "{escaped}ok"\n')
+    assert [c.why for c in load_policy(policy, ("vllm",)).cells] == ["\\x1b]0;PWNED\\x07\\x1b[2Jok"]
+
+
+def test_an_error_naming_a_path_reaches_the_terminal_as_text(capsys):
+    code = main(["audit", "--config", f"/nonexistent/{TITLE}/config.json", "--meter", "meta"])
+    err = capsys.readouterr().err
+    assert code == 2 and "\x1b" not in err and "\\x1b]0;PWNED" in err, err
+
+
+def test_a_note_naming_an_output_reaches_the_terminal_as_text(tmp_path, capsys):
+    code = main(["llama-3.1-8b", "--meter", "meta", "--detail", "summary", "--html", str(tmp_path / f"{TITLE}.html")])
+    err = capsys.readouterr().err
+    assert code == 0 and "\x1b" not in err and "kvaudit: wrote" in err and "\\x1b]0;PWNED" in err, err
+
+
+# --- reading large pastes --------------------------------------------------------------------------------------
+
+def test_each_out_of_memory_line_is_placed_without_rebuilding_the_frame_index(monkeypatch):
+    """100,000 tracebacks (16.7 MB) took 274 s: every error line rebuilt the list of frame lines (bench/readers.py
+    times it: 'report: out-of-memory tracebacks')."""
+    from kvaudit.triage import evidence
+
+    seen, real = [], evidence._phase
+
+    def spy(frames, line, reach=80, at=None):
+        seen.append(at)
+        return real(frames, line, reach, at)
+
+    monkeypatch.setattr(evidence, "_phase", spy)
+    one = ('Traceback (most recent call last):\n  File "/v/gpu_model_runner.py", line 1, in profile_run\n'
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    ev = evidence.extract(evidence.clean_lines(one * 50))
+    assert len(ev.all("oom_phase")) == 50
+    per_line = seen[:-1]  # (the last call is for the last traceback alone)
+    assert len(per_line) == 50 and all(at is per_line[0] for at in per_line) and per_line[0] is not None
+
+
+# --- odd environments ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["audit", "--model", "/tmp/" + "a" * 300 + "/config.json", "--meter", "meta"],
+                                  ["check", "/tmp/" + "a" * 300 + ".toml"]])
+def test_a_path_component_over_255_characters_is_bad_input(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "File name too long" in err, err
+
+
+def test_an_ascii_only_locale_runs_in_utf8_mode():
+    """``LC_ALL=C PYTHONCOERCECLOCALE=0 PYTHONUTF8=0``: torch's and vLLM's UTF-8 files were read as ASCII (exit 4)."""
+    p = _kvaudit("llama-3.1-8b", "--meter", "meta", "--detail", "summary",
+                 env={"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
+    assert p.returncode == 0, p.stderr[-500:]
+    assert p.stderr.strip().splitlines()[-1].startswith("kvaudit: PASS")
+
+
+def test_a_home_that_does_not_exist_is_not_made(tmp_path, monkeypatch):
+    from kvaudit.plan import planner
+    from kvaudit.strategies import releases
+
+    home = tmp_path / "nonexistent"
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "KVAUDIT_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with planner.quiet_vllm():
+        pass
+    root = os.environ["VLLM_CACHE_ROOT"]
+    assert not root.startswith(str(home)) and os.path.isdir(root)
+    planner.remove_temp_dirs()
+    assert not os.path.exists(root)
+    from kvaudit.errors import StrategyFailed
+
+    with pytest.raises(StrategyFailed, match="does not exist, so the release cache has no place"):
+        releases.fetch_sdist("0.13.0")
+    assert not home.exists()

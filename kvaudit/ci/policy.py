@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import UsageError
+from kvaudit.escape import terminal_safe_tree
 from kvaudit.model.options import accepts
 from kvaudit.results import DEFAULT_TOLERANCE, valid_tolerance
 
@@ -164,7 +165,7 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
     except UsageError as e:
         raise PolicyError(e.message) from None
     try:
-        doc = tomllib.loads(text)
+        doc = terminal_safe_tree(tomllib.loads(text))  # (a name shown in check's table is text, not a terminal command)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))

@@ -11,6 +11,7 @@ reads the parsed options as one namespace, so commands keep the same names as vL
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import os
@@ -27,6 +28,7 @@ from kvaudit.cli.options import AUDIT_OPTIONS
 from kvaudit.cli.output import note
 from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, KvauditError,
                             UsageError, missing_dependency)
+from kvaudit.escape import terminal_safe
 from kvaudit.model.deployment import PRESETS
 from kvaudit.model.options import Opt
 
@@ -275,6 +277,11 @@ def _interrupted(e: BaseException | None) -> bool:
     return False
 
 
+_PATH_ERRORS = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.ENOENT, errno.EROFS}
+"""File-system refusals of a path a user gave (a name over 255 characters, a loop of links, a file where a folder
+should be): bad input, exit 2, wherever the path was first touched."""
+
+
 def _failure(e: BaseException) -> tuple[int, str]:
     """The exit code and the one line for an exception that ended a command."""
     if isinstance(e, KvauditError):
@@ -284,6 +291,8 @@ def _failure(e: BaseException) -> tuple[int, str]:
         return missing.exit_code, f"kvaudit: error: {missing.message}"
     if _interrupted(e):
         return EXIT_INTERRUPTED, "kvaudit: interrupted"
+    if isinstance(e, OSError) and e.filename is not None and e.errno in _PATH_ERRORS:  # a path given that no file
+        return EXIT_BAD_INPUT, f"kvaudit: error: {e.filename}: {e.strerror}"           # system takes (too long, ...)
     if isinstance(e, MemoryError):
         return EXIT_NOT_MEASURED, "kvaudit: error: this host ran out of memory (nothing was measured)"
     where = ""
@@ -331,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-        print(line, file=sys.stderr)
+        print(terminal_safe(line), file=sys.stderr)
         if _wants_json(argv):  # a pipeline that parses stdout gets the ending too (kvaudit/error.schema.json)
             sys.stdout.write(error_json(code, line) + "\n")
         return code
@@ -373,6 +382,22 @@ def _with_model_named(argv: list[str]) -> list[str]:
                      f"commands: {', '.join(COMMANDS)}; or a Hub id org/name, a model folder, a config.json)")
 
 
+def _utf8_or_reexec() -> None:
+    """Under an ASCII-only locale (``LC_ALL=C`` with ``PYTHONCOERCECLOCALE=0 PYTHONUTF8=0``) Python reads text files
+    as ASCII, and torch's and vLLM's own template and source files are UTF-8: every command that loads vLLM ended in
+    a UnicodeDecodeError. Such a run starts again at once in Python's UTF-8 mode (``-X utf8``), as a user of a
+    UTF-8 terminal would run it; the output is UTF-8 too."""
+    import locale
+
+    if sys.flags.utf8_mode or os.environ.get("KVAUDIT_REEXEC") or \
+            locale.getpreferredencoding(False).lower() not in ("ascii", "ansi_x3.4-1968", "646", "us-ascii"):
+        return
+    os.environ["KVAUDIT_REEXEC"] = "utf8"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-X", "utf8", "-m", "kvaudit", *sys.argv[1:]])
+
+
 def run() -> None:
     """Console-script entry point.
 
@@ -382,6 +407,7 @@ def run() -> None:
     the process ends at once. So does an interrupted one: Ctrl-C can land inside a library's import,
     leaving half-built objects (a logging handler with no stream) whose teardown at exit would print a
     traceback after "kvaudit: interrupted"."""
+    _utf8_or_reexec()
     code = main()
     plan = sys.modules.get("kvaudit.plan.planner")
     if plan is None and code != EXIT_INTERRUPTED:

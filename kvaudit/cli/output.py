@@ -15,8 +15,11 @@ TABLE_WIDTH = 120
 
 
 def note(text: str) -> None:
-    """A line for the person running the command, on stderr (stdout holds only the output)."""
-    print(text, file=sys.stderr, flush=True)
+    """A line for the person running the command, on stderr (stdout holds only the output); a control character a
+    name brought along is shown as its escape (``kvaudit.escape.terminal_safe``)."""
+    from kvaudit.escape import terminal_safe
+
+    print(terminal_safe(text), file=sys.stderr, flush=True)
 
 
 MIN_WIDTH = 40

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvaudit.errors import ConfigError, UsageError
+from kvaudit.escape import terminal_safe
 
 
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -89,7 +90,7 @@ def load_model_spec(path: str | Path, name: str | None = None, trust_remote_code
     mpe = tc.get("max_position_embeddings")
     quant = cfg.get("quantization_config")
     return ModelSpec(
-        name=name or p.parent.name, config_path=p, model_type=model_type, architecture=archs[0],
+        name=terminal_safe(name or p.parent.name), config_path=p, model_type=model_type, architecture=archs[0],
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or tc.get("torch_dtype") or tc.get("dtype") or "auto"),
         num_hidden_layers=layer_count(tc), max_position_embeddings=mpe if isinstance(mpe, int) else None,
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) and quant.get("quant_method") else None,

@@ -73,6 +73,11 @@ def quiet_vllm() -> Iterator[None]:
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    if not (os.environ.get("VLLM_CACHE_ROOT") or os.environ.get("XDG_CACHE_HOME")) and not Path.home().is_dir():
+        # vLLM caches its model registry's answers under ~/.cache/vllm, and would make a HOME that does not exist
+        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvaudit-vllm-cache-")
+        _CACHE_DIRS.append(os.environ["VLLM_CACHE_ROOT"])  # (removed with the model folders)
+        atexit.register(shutil.rmtree, os.environ["VLLM_CACHE_ROOT"], True)
     for name in ("vllm", "torch._library.triton", "transformers"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     with contextlib.redirect_stdout(sys.stderr):
@@ -221,6 +226,7 @@ PLATFORMS: dict[str, PlatformRule] = {
 # --- vLLM's engine config and model ------------------------------------------------------------------
 
 _MODEL_DIRS: dict[Path, Path] = {}
+_CACHE_DIRS: list[str] = []
 
 
 def _model_dir(config_path: Path) -> Path:
@@ -238,9 +244,10 @@ def _model_dir(config_path: Path) -> Path:
 def remove_temp_dirs() -> None:
     """Remove the model directories made for config files and the distributed group's file store (also done
     at exit)."""
-    for tmp in _MODEL_DIRS.values():
+    for tmp in [*_MODEL_DIRS.values(), *_CACHE_DIRS]:
         shutil.rmtree(tmp, ignore_errors=True)
     _MODEL_DIRS.clear()
+    _CACHE_DIRS.clear()
     vllm_model = sys.modules.get("kvaudit.model.vllm_model")
     if vllm_model is not None:
         vllm_model.remove_temp_files()

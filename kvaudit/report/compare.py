@@ -11,6 +11,7 @@ from typing import Any
 
 from kvaudit import __version__
 from kvaudit.errors import EXIT_FAIL, EXIT_PASS, UsageError
+from kvaudit.escape import terminal_safe_tree
 from kvaudit.jsonfile import read_json
 from kvaudit.report.render import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from kvaudit.report.render import short_layer
@@ -51,6 +52,8 @@ def parse_report(data: Any, name: str) -> SavedReport:
     """Check a decoded report (``name`` is how messages call it) and wrap it; ``UsageError`` when it is not one."""
     def bad(what: str) -> UsageError:
         return UsageError(f"{name}: not a kvaudit audit report: {what} ({_HOW})")
+
+    data = terminal_safe_tree(data)  # (its names reach the terminal as text, never as a command to it)
 
     if not isinstance(data, dict):
         raise bad(f"the JSON is {_json_kind(data)}, not an object")

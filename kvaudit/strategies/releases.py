@@ -116,6 +116,9 @@ def fetch_sdist(version: str) -> Path:
     release at once take turns (a lock file beside its folder): the first fetches it, the others then find it."""
     if not _VERSION.fullmatch(version):
         raise UsageError(f"{PACKAGE}=={version!r}: not a release version (e.g. vllm-ascend==0.13.0)")
+    if not (os.environ.get("KVAUDIT_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")) and not Path.home().is_dir():
+        raise StrategyFailed(f"HOME ({Path.home()}) does not exist, so the release cache has no place: set "
+                             "KVAUDIT_CACHE_DIR to a writable folder")
     target = cache_dir() / "sdists" / f"{PACKAGE}-{version}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -884,8 +884,10 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
     captured = [f.line for f in ev.all("captured")]
+    at = [f[0] for f in frames]  # (once: a report of 100,000 tracebacks has as many out-of-memory lines)
+    funcs = dict(frames)
     for oom in ev.all("oom") or ev.all("oom_mentioned")[:1]:
-        phase = _after_capture(_phase(frames, oom.line), frames, captured)
+        phase = _after_capture(_phase(frames, oom.line, at=at), funcs, captured)
         if phase is not None:
             ev.add("oom_phase", phase[0], phase[1], lines[phase[1] - 1])
     for oom in ev.all("oom")[:1]:
@@ -898,7 +900,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
             ev.add("host_package", host[0], host[1], lines[host[1] - 1])
     if tracebacks:  # the phase of the last traceback, with or without an out-of-memory line
         last = [f for f in frames if f[0] > tracebacks[-1]]
-        phase = _after_capture(_phase(last, last[-1][0] + 1), frames, captured) if last else None
+        phase = _after_capture(_phase(last, last[-1][0] + 1), funcs, captured) if last else None
         if phase is not None:
             ev.add("error_phase", phase[0], phase[1], lines[phase[1] - 1])
     return ev
@@ -1410,11 +1412,13 @@ def _last_assignments(lines: list[str], at: set[int]) -> dict[int, int]:
     return {n: last[k] for n, k in names.items()}
 
 
-def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tuple[str, int] | None:
+def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80, at: list[int] | None = None
+           ) -> tuple[str, int] | None:
     """The phase of the traceback around an error line: its deepest recognised frame. Tracebacks
     usually end with the error; some logs print the error first, so frames after it count too; last, the method the
-    error's own line names (``_EXECUTOR_METHOD``), the outermost."""
-    at = [f[0] for f in frames]
+    error's own line names (``_EXECUTOR_METHOD``), the outermost. ``at``: the frames' line numbers, where the caller
+    asks for many error lines of the same frames."""
+    at = [f[0] for f in frames] if at is None else at
     lo, mid, hi = (bisect.bisect_left(at, oom_line - reach), bisect.bisect_left(at, oom_line),
                    bisect.bisect_right(at, oom_line + reach))
     before = frames[lo:mid]
@@ -1428,13 +1432,13 @@ def _phase(frames: list[tuple[int, str]], oom_line: int, reach: int = 80) -> tup
     return None
 
 
-def _after_capture(phase: tuple[str, int] | None, frames: list[tuple[int, str]],
+def _after_capture(phase: tuple[str, int] | None, funcs: dict[int, str],
                    captured: list[int]) -> tuple[str, int] | None:
     """The profile run's phase, read from a dummy run's frame (``_SHARED_WITH_WARM_UP``), is the warm-up's where graph
-    capture finished before that frame was logged."""
-    if phase is None or phase[0] != "memory profiling" or not any(line < phase[1] for line in captured):
+    capture finished before that frame was logged (``funcs``: each frame's function by its line)."""
+    if phase is None or phase[0] != "memory profiling" or not captured or min(captured) >= phase[1]:
         return phase
-    func = next((f for n, f in frames if n == phase[1]), None)
+    func = funcs.get(phase[1])
     return ("warm-up", phase[1]) if func in _SHARED_WITH_WARM_UP else phase
 
 
