@@ -96,7 +96,7 @@ EXIT_CODES = {
     EXIT_PASS: "every audited strategy allocated what vLLM planned",
     EXIT_FAIL: "a strategy over- or under-allocated (a finding)",
     EXIT_BAD_INPUT: "bad input (a config, option or file; a deployment vLLM refuses)",
-    EXIT_NOT_MEASURED: "could not measure (no meter, host too small, a package missing, a strategy broke)",
+    EXIT_NOT_MEASURED: "could not measure (no meter, host too small, a package missing, a strategy broke, no answer from the network)",
     EXIT_BUG: "kvaudit failed: a bug in kvaudit, not a finding (--debug shows the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, or SIGTERM)",
 }

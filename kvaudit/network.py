@@ -44,6 +44,11 @@ def started(what: str) -> None:
     print(f"kvaudit: {what} (timeout {timeout_s():g} s, {ENV})", file=sys.stderr, flush=True)
 
 
+def gave_up(what: str, instead: str) -> None:
+    """The one line on stderr when a call did not answer in time and kvaudit goes on with ``instead``."""
+    print(f"kvaudit: {what} did not answer within {timeout_s():g} s ({ENV}); {instead}", file=sys.stderr, flush=True)
+
+
 def pip_options() -> list[str]:
     """pip's own options for one try under kvaudit's timeout."""
     return ["--timeout", f"{timeout_s():g}", "--retries", "1"]

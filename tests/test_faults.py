@@ -188,7 +188,7 @@ def test_a_hub_that_never_answers_gives_up_in_the_timeout_with_exit_3(silent_ser
     assert time.monotonic() - start < 45
 
 
-def test_a_package_index_that_never_answers_falls_back_to_the_cache(silent_server, monkeypatch, tmp_path):
+def test_a_package_index_that_never_answers_falls_back_to_the_cache(silent_server, monkeypatch, tmp_path, capsys):
     from kvaudit.ci import history
 
     (tmp_path / "kvaudit" / "sdists" / "vllm-ascend-0.11.0").mkdir(parents=True)
@@ -199,6 +199,18 @@ def test_a_package_index_that_never_answers_falls_back_to_the_cache(silent_serve
     versions, source = history.published()
     assert versions == ["0.11.0"] and source.startswith("kvaudit's cache"), source
     assert time.monotonic() - start < 30  # pip's defaults: 109 s
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("kvaudit: listing vllm-ascend's releases on the package index") and "timeout 1 s" in err[0]
+    assert err[-1].startswith("kvaudit: the package index did not answer within 1 s (KVAUDIT_NETWORK_TIMEOUT); "
+                              "listing the releases in kvaudit's cache"), err
+
+
+def test_a_strategy_named_twice_is_refused_before_any_is_resolved(capsys, monkeypatch):
+    from kvaudit.strategies import resolve
+
+    monkeypatch.setattr(resolve, "resolve_strategy", lambda name: pytest.fail("resolved before the check"))
+    with pytest.raises(UsageError, match="-s vllm is given twice"):
+        resolve.resolve_strategies(["vllm"] * 20_000)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])

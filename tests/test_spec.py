@@ -207,9 +207,9 @@ def test_deployment_options_beyond_any_real_deployment_are_refused_before_buildi
 
 @each_vllm
 @pytest.mark.parametrize("field, value, reason", [
-    ("hidden_size", "abc", "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError"),
-    ("intermediate_size", 1.5, "Validation error for field 'intermediate_size'"),
-])
+    ("rms_norm_eps", "abc", "StrictDataclassFieldValidationError: Validation error for field 'rms_norm_eps': TypeError"),
+    ("attention_bias", 3, "Validation error for field 'attention_bias'"),
+])  # (a size, count or period that is no whole number kvaudit refuses itself, before vLLM: test_properties.py)
 def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_reason(tmp_path, capsys, monkeypatch,
                                                                                          field, value, reason):
     """... at once: vLLM's ``with_retry`` around its read of config.json waits 2 s and reads it again, for a Hub

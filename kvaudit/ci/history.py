@@ -62,6 +62,7 @@ def published(since: str | None = None) -> tuple[list[str], str]:
         root = cache_dir() / "sdists"
         versions = [d.name.removeprefix(f"{PACKAGE}-") for d in root.glob(f"{PACKAGE}-*") if d.is_dir()]
         source = f"kvaudit's cache ({root}; the package index did not answer)"
+        network.gave_up("the package index", f"listing the releases in kvaudit's cache ({root})")
     chosen = [v for v in versions if since is None or version_key(v) >= version_key(since)]
     return sorted(set(chosen), key=version_key), source
 

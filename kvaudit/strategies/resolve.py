@@ -15,7 +15,12 @@ def resolve_strategies(names: list[str]) -> tuple[list[Strategy], list[tuple[str
     """Each named strategy on its own: those that resolve, and ``(name, reason)`` for each whose code cannot be had
     or loaded (a release that cannot be fetched, a plugin that raises on import: not audited, exit 3), so that
     one broken strategy does not stop the others. An unknown name is still a usage error (exit 2); when none
-    resolves, the first one's error stands."""
+    resolves, the first one's error stands. A name given twice is a usage error, as in a policy."""
+    seen: set[str] = set()
+    for name in names:  # (before any is resolved: 20,000 repeats of one name took 202 s)
+        if name in seen:
+            raise UsageError(f"-s {name} is given twice: name each strategy once")
+        seen.add(name)
     got: list[Strategy] = []
     broken: list[tuple[str, str]] = []
     first: KvauditError | None = None
