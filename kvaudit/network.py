@@ -35,7 +35,8 @@ def timeout_s() -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value < 86400:  # (NaN fails this too)
-        raise UsageError(f"{ENV}={raw!r}: give the network timeout in seconds, a number above 0 (default {TIMEOUT_S:g})")
+        raise UsageError(f"{ENV}={raw!r}: give the network timeout in seconds, above 0 and under a day "
+                         f"(default {TIMEOUT_S:g})")
     return value
 
 
@@ -62,7 +63,7 @@ def hub_session() -> None:
     limit = timeout_s()
 
     def bounded(request: object) -> None:  # each call passes timeout=None, which the client's default cannot outdo
-        request.extensions["timeout"] = {"connect": limit, "read": limit, "write": limit, "pool": limit}  # type: ignore[attr-defined]
+        request.extensions["timeout"] = dict.fromkeys(("connect", "read", "write", "pool"), limit)  # type: ignore
 
     client = huggingface_hub.get_session()
     hooks = dict(client.event_hooks)

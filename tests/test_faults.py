@@ -366,3 +366,18 @@ def test_a_home_that_does_not_exist_is_not_made(tmp_path, monkeypatch):
     with pytest.raises(StrategyFailed, match="does not exist, so the release cache has no place"):
         releases.fetch_sdist("0.13.0")
     assert not home.exists()
+
+
+def test_plan_save_on_a_failing_disk_keeps_the_previous_plan_whole(tmp_path, monkeypatch, capsys):
+    saved = tmp_path / "qwen.plan.json"
+    saved.write_text('{"the previous plan": true}\n')
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    code = main(["plan", "llama-3.1-8b", "--save", str(saved)])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "unchanged" in err, err
+    assert saved.read_text() == '{"the previous plan": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "qwen.plan.json"]

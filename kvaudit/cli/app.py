@@ -222,8 +222,9 @@ def _reopen_closed_streams() -> None:
 
 class _PipeGuard:
     """stdout or stderr that a closed reader cannot break: after the first broken pipe (``kvaudit ... | head``), or
-    any other failed write (a stream closed under the command), the rest of the output is dropped and the command runs on, so its exit code is still the verdict; text its
-    encoding cannot hold is written with replacement characters."""
+    any other failed write (a stream closed under the command), the rest of the output is dropped and the command
+    runs on, so its exit code is still the verdict; text its encoding cannot hold is written with replacement
+    characters."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream

@@ -1,5 +1,6 @@
-"""What a command prints and writes: tables to stdout (at the terminal's width), notes to stderr, the audit's
-reports in either format, its pages, and output files checked before any work."""
+"""What a command prints and writes: tables to stdout (at the terminal's width, never under 40 columns), notes to
+stderr, the audit's reports in either format, its pages, and output files checked before any work and written
+atomically."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import sys
 from typing import Any
 
 from kvaudit.cli.options import Detail, Format
-from kvaudit.errors import UsageError
 
 TABLE_WIDTH = 120
 """Table width when stdout is not a terminal and COLUMNS is unset."""
