@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 
 class KvauditError(Exception):
     """Base error: a one-line message for the user and the exit code that goes with it."""
@@ -55,6 +57,23 @@ _WHY = {
             "which needs only torch)",
     "rich": "kvaudit's tables are drawn with rich (pip install rich)",
 }
+
+
+def did_you_mean(word: str, choices: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:
+    """`` (did you mean 'X'?)`` for the choice nearest to ``word``: the same but for case and the ``-``, ``_`` and
+    ``.`` between its parts (``qwen3next``: ``qwen3-next``), an alias (``gpu``: ``cuda``), else the closest spelling
+    (difflib's ratio of 0.6 or more); ``""`` where none is near."""
+    import difflib
+
+    def bare(text: str) -> str:
+        return "".join(c for c in text.lower() if c not in "-_.")
+
+    choices = list(choices)
+    found = next((c for c in choices if bare(c) == bare(word)), None) or (aliases or {}).get(word.lower())
+    if found is None:
+        near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+        found = near[0] if near else None
+    return f" (did you mean {found!r}?)" if found is not None and found != word else ""
 
 
 def missing_dependency(e: ModuleNotFoundError) -> MissingDependency:

@@ -254,3 +254,12 @@ class FakeMeter:
 
     def release(self):
         self.calls.append("release")
+
+
+def ending(err: str) -> list[str]:
+    """A command's stderr without the notes of the slow steps it began (``kvaudit.cli.output.STEPS``): what it ended
+    with, one line for an error."""
+    from kvaudit.cli.output import STEPS
+
+    notes = {f"kvaudit: {s}" for s in STEPS}
+    return [line for line in err.strip().splitlines() if line not in notes]

@@ -136,8 +136,8 @@ def test_a_policy_expands_into_its_cells(tmp_path):
 def test_a_missing_policy_file_is_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = _check([], capsys)
-    assert code == 2 and err.strip() == ("kvaudit: error: kvaudit.toml: policy file not found (write one: see "
-                                         "'kvaudit check --help')")
+    assert code == 2 and err.strip() == ("kvaudit: error: kvaudit.toml: policy file not found (start from "
+                                         "examples/kvaudit.toml; docs/ci.md describes every key)")
 
 
 QWEN = """

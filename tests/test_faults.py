@@ -375,3 +375,57 @@ def test_plan_save_on_a_failing_disk_keeps_the_previous_plan_whole(tmp_path, mon
     assert code == 2 and "No space left on device" in err and "unchanged" in err, err
     assert saved.read_text() == '{"the previous plan": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
         "qwen.plan.json"]
+
+
+# --- a note before each slow step (issue 35) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, first", [
+    (["llama-3.1-8b", "--meter", "meta"], "kvaudit: importing torch and vLLM, then building the model"),
+    (["plan", "llama-3.1-8b"], "kvaudit: importing torch and vLLM, then building the model"),
+    (["models", "llama-3.1-8b"], "kvaudit: building each preset's model"),
+    (["meters"], "kvaudit: importing torch and asking each device library"),
+    (["triage", str(ROOT / "fixtures/reports/threads/vllm-27508.txt")], "kvaudit: reading the report, then planning"),
+])
+def test_the_first_line_comes_before_the_slow_step(argv, first):
+    """Read as it streams: the note is there while the command is still at work (it is stopped once read)."""
+    p = subprocess.Popen([sys.executable, "-m", "kvaudit", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        running = p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+    assert line.startswith(first) and running, line
+
+
+# --- errors that say what to do next (issue 35) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, hint", [
+    (["qwen3next"], "unknown preset or command 'qwen3next' (did you mean 'qwen3-next'?)"),
+    (["audit", "--preset", "llama3.1-8b"], "unknown preset 'llama3.1-8b' (did you mean 'llama-3.1-8b'?)"),
+    (["qwen3-next", "--meter", "gpu"], "unknown meter 'gpu' (did you mean 'cuda'?)"),
+    (["qwen3-next", "-s", "vlm"], "unknown strategy 'vlm' (did you mean 'vllm'?)"),
+    (["check", "/nonexistent/kvaudit.toml"], "policy file not found (start from examples/kvaudit.toml; docs/ci.md"),
+])
+def test_an_unknown_name_suggests_the_nearest(capsys, argv, hint):
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and hint in err[-1], err
+
+
+def test_a_name_near_nothing_suggests_nothing():
+    from kvaudit.errors import did_you_mean
+
+    assert did_you_mean("zzzz", ["qwen3-next", "cuda"]) == "" and did_you_mean("cuda", ["cuda"]) == ""
+    assert did_you_mean("QWEN3_NEXT", ["qwen3-next", "qwen3-8b"]) == " (did you mean 'qwen3-next'?)"  # (case, marks)
+
+
+def test_an_unavailable_meter_points_to_the_listing_and_the_dry_run(capsys, monkeypatch):
+    from kvaudit.measure import meters
+
+    monkeypatch.setattr(meters.DeviceMeter, "probe", lambda self: "no device here")
+    code = main(["qwen3-next", "--meter", "cuda"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and err[-1].endswith("(kvaudit meters lists what this host has; --meter meta audits without a "
+                                          "device)"), err

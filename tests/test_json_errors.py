@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from kvaudit.cli import main
+from kvaudit.cli.output import STEPS as ALL_STEPS
 from conftest import ROOT
 
 pytestmark = pytest.mark.fast
@@ -44,8 +45,13 @@ def _error_object(capsys, argv, code):
     doc = json.loads(out)  # stdout is nothing but the object
     jsonschema.validate(doc, SCHEMA)
     lines = err.strip().splitlines()
-    assert doc["exit_code"] == code and len(lines) == 1 and lines[0].endswith(doc["error"]), (lines, doc)
+    assert doc["exit_code"] == code and lines[-1].endswith(doc["error"]), (lines, doc)
+    assert all(line in STEPS for line in lines[:-1]), lines  # one error line, after the note of a slow step begun
     return doc
+
+
+STEPS = {f"kvaudit: {s}" for s in ALL_STEPS}
+"""What may come before the error line: the note of the slow step the error ended (issue 35: a note before each)."""
 
 
 @pytest.mark.parametrize("argv", BAD_INPUT.values(), ids=BAD_INPUT.keys())
@@ -71,4 +77,5 @@ def test_what_cannot_be_measured_is_an_error_object_on_stdout(capsys, monkeypatc
 def test_the_table_format_keeps_stdout_empty_on_an_error(capsys):
     assert main(["qwen3-next", "--util", "1.5"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("kvaudit: error:")
+    lines = err.strip().splitlines()
+    assert out == "" and lines[-1].startswith("kvaudit: error:") and all(line in STEPS for line in lines[:-1])

@@ -16,7 +16,7 @@ import pytest
 from kvaudit.errors import ConfigError
 from kvaudit.plan import planner
 from kvaudit.model import vllm_model
-from conftest import deployment, skip_unless_planned
+from conftest import deployment, ending, skip_unless_planned
 
 pytestmark = pytest.mark.fast
 
@@ -251,7 +251,7 @@ def test_a_draft_head_given_alone_is_refused_saying_what_it_is(tmp_path, capsys)
 
     (tmp_path / "config.json").write_text(json.dumps(EAGLE3_DRAFT))
     assert main(["plan", str(tmp_path), "--device", "h100-80g"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(ending(capsys.readouterr().err))
     assert err == ("kvaudit: error: LlamaForCausalLMEagle3 is a speculative-decoding draft model (vLLM's registry lists "
                    "it among them): vLLM builds it only beside the model it drafts for, given with --speculative-config; "
                    "plan that model (kvaudit plans an MTP draft with --num-speculative-tokens, not an EAGLE head)")

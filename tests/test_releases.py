@@ -19,7 +19,7 @@ from kvaudit.strategies import releases
 from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.strategies.resolve import resolve_strategy
 from kvaudit.units import fmt_bytes
-from conftest import ROOT, deployment, each_vllm, plan_for, release, release_tree, skip_unless_planned
+from conftest import ROOT, deployment, each_vllm, ending, plan_for, release, release_tree, skip_unless_planned
 
 PARITY = {"0.11.0rc1": "ascend-0.11", "0.11.0": "ascend-0.11", "0.13.0": "ascend-0.12", "0.18.0": "ascend-0.16", "0.24.0rc1": "ascend-0.16",
           "0.26.0rc1": "ascend-0.16"}
@@ -859,7 +859,7 @@ def test_a_cache_that_cannot_be_written_is_one_line(capsys, monkeypatch):
 
     monkeypatch.setenv("KVAUDIT_CACHE_DIR", "/proc/kvaudit-cache")  # no folder can be made there, even by root
     code = main(["llama-3.1-8b", "--meter", "meta", "-s", "vllm-ascend==0.0.98"])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 3 and len(err) == 1 and err[0].startswith("kvaudit: error: cannot use the release cache "
                                                              "/proc/kvaudit-cache"), err
 

@@ -10,7 +10,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.model.spec import load_model_spec
-from conftest import ROOT, each_vllm
+from conftest import ROOT, each_vllm, ending
 
 QWEN = ROOT / "fixtures/configs/qwen3-next-80b-a3b-instruct/config.json"
 GEMMA = ROOT / "fixtures/configs/gemma-3-27b-it/config.json"
@@ -122,7 +122,7 @@ def test_pp_larger_than_the_layer_count_is_refused():
 ])
 def test_bad_deployments_exit_2_with_one_line(capsys, args, message):
     code = main(["audit", "--config", str(QWEN), "--meter", "meta", *args])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 2
     assert len(err) == 1 and message in err[0], err
 
@@ -133,7 +133,7 @@ def test_an_architecture_vllm_does_not_serve_is_one_line(tmp_path, capsys):
            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
            "intermediate_size": 128, "max_position_embeddings": 512}
     code = main(["audit", "--config", _write(tmp_path, cfg), "--meter", "meta"])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "NoSuchModelForCausalLM" in err[0], err
 
 
@@ -153,7 +153,7 @@ def test_a_config_that_describes_no_model_is_refused_before_planning(tmp_path, c
     (cfg.get("text_config") or cfg)[field] = value
     code = main(["plan", "--config", _write(tmp_path, cfg), "--format", "json"])
     out, err = capsys.readouterr()
-    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert code == 2 and len(ending(err)) == 1 and message in err, err
     assert json.loads(out)["exit_code"] == 2 and message in json.loads(out)["error"]  # stdout: the error object
 
 
@@ -166,7 +166,7 @@ def test_the_checks_run_again_on_the_config_with_hf_overrides(capsys, monkeypatc
 
     monkeypatch.setattr(kvaudit.plan.planner, "model_for", lambda d: pytest.fail("planned a config that describes no model"))
     code = main(["plan", "--config", str(QWEN), "--hf-overrides", overrides])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and message in err[0], err
 
 
@@ -201,7 +201,7 @@ def test_deployment_options_beyond_any_real_deployment_are_refused_before_buildi
 
     monkeypatch.setattr(kvaudit.plan.planner, "model_for", lambda d: pytest.fail("built a model for an impossible deployment"))
     code = main(["plan", "--config", str(QWEN), *args])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and message in err[0], err
 
 
@@ -221,7 +221,7 @@ def test_what_vllms_and_transformers_config_code_refuse_is_bad_input_with_their_
     cfg = json.loads((ROOT / "fixtures/configs/llama-3.1-8b/config.json").read_text())
     cfg[field] = value
     code = main(["plan", "--config", _write(tmp_path, cfg)])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ending(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and err[0].startswith("kvaudit: error: vLLM rejected") and reason in err[0], err
     assert waits == []
 

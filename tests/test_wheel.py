@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, ending
 
 THREAD = ROOT / "fixtures/reports/threads/vllm-10569.txt"
 
@@ -81,7 +81,7 @@ def test_meters_says_torch_is_not_installed(kvaudit_exe):
 ])
 def test_what_needs_torch_or_vllm_is_one_line_and_exit_3(kvaudit_exe, args, package):
     p = _kvaudit(kvaudit_exe, *args)
-    lines = p.stderr.strip().splitlines()
+    lines = ending(p.stderr)
     if package is None:  # not a plan file: bad input comes first
         assert p.returncode == 2 and lines[-1].startswith("kvaudit: error:") and len(lines) == 1
         return

@@ -157,8 +157,8 @@ def load_policy(path: str | Path, strategies: tuple[str, ...]) -> Policy:
 
     p = Path(path)
     if not p.exists():
-        raise PolicyError(f"{path}: policy file not found" + (" (write one: see 'kvaudit check --help')"
-                                                              if p.name == "kvaudit.toml" else ""))
+        raise PolicyError(f"{path}: policy file not found (start from examples/kvaudit.toml; docs/ci.md describes "
+                          "every key)")
     try:
         text = read_bytes(p, "kvaudit policy (TOML)", "see 'kvaudit check --help'", MAX_POLICY_BYTES).decode(
             "utf-8", errors="replace")

@@ -27,7 +27,7 @@ from kvaudit.cli import audit, check, compare, history, meters, models, plan, tr
 from kvaudit.cli.options import AUDIT_OPTIONS
 from kvaudit.cli.output import note
 from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, KvauditError,
-                            UsageError, missing_dependency)
+                            UsageError, did_you_mean, missing_dependency)
 from kvaudit.escape import terminal_safe
 from kvaudit.model.deployment import PRESETS
 from kvaudit.model.options import Opt
@@ -379,7 +379,8 @@ def _with_model_named(argv: list[str]) -> list[str]:
         return argv
     if named(first):
         return ["audit", "--model", *argv]
-    raise UsageError(f"unknown preset or command {first!r}, and no such file (presets: {', '.join(PRESETS)}; "
+    raise UsageError(f"unknown preset or command {first!r}{did_you_mean(first, (*PRESETS, *COMMANDS))}, and no such "
+                     f"file (presets: {', '.join(PRESETS)}; "
                      f"commands: {', '.join(COMMANDS)}; or a Hub id org/name, a model folder, a config.json)")
 
 

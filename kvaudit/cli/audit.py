@@ -7,7 +7,7 @@ from typing import Any
 
 from kvaudit.cli import deployments
 from kvaudit.cli.options import AUDIT_OPTIONS, DEPLOYMENT_OPTIONS, MODEL_OPTIONS, PLAN_FILE, Detail, Format
-from kvaudit.cli.output import check_outputs, note, render_reports, summarize, write_pages
+from kvaudit.cli.output import BUILDING, check_outputs, note, render_reports, step, summarize, write_pages
 from kvaudit.errors import UsageError
 from kvaudit.results import check_tolerance
 
@@ -23,21 +23,22 @@ def run(a: Any) -> int:
     check_outputs(a.html, a.svg)
     if getattr(a, "plan", None):
         return _saved_plan_audit(a)
-    from kvaudit.measure import audit as core
-    from kvaudit.measure.meters import select_meter
-    from kvaudit.measure.utilization import for_report
-    from kvaudit.plan.planner import vllm_version
-    from kvaudit.results import Report
-    from kvaudit.strategies.builtin import STRATEGIES
-    from kvaudit.strategies.resolve import resolve_strategies
+    spec, p = deployments.model(a)  # (a config that is not one is told before the slow step)
+    with step(BUILDING):
+        from kvaudit.measure import audit as core
+        from kvaudit.measure.meters import select_meter
+        from kvaudit.measure.utilization import for_report
+        from kvaudit.plan.planner import vllm_version
+        from kvaudit.results import Report
+        from kvaudit.strategies.builtin import STRATEGIES
+        from kvaudit.strategies.resolve import resolve_strategies
 
-    spec, p = deployments.model(a)
-    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-    for s in strategies:
-        if s.note:
-            note(f"kvaudit: {s.note}")
-    meter = select_meter(a.meter, a.device_index)
-    stages = [deployments.deployment(a, spec, p, rank) for rank in deployments.pp_ranks(a)]
+        strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+        for s in strategies:
+            if s.note:
+                note(f"kvaudit: {s.note}")
+        meter = select_meter(a.meter, a.device_index)
+        stages = [deployments.deployment(a, spec, p, rank) for rank in deployments.pp_ranks(a)]
     note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
          f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
     reports = []

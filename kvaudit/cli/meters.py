@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.cli.options import PROBE_INDEX
+from kvaudit.cli.output import PROBING, step
 
 NAME = "meters"
 OPTIONS = (PROBE_INDEX,)
@@ -14,8 +15,10 @@ DESCRIPTION = None
 
 def run(a: Any) -> int:
     """Print every meter with its availability or refusal reason."""
-    from kvaudit.measure.meters import meter_table
+    with step(PROBING):
+        from kvaudit.measure.meters import meter_table
 
-    for name, ok, text in meter_table(a.device_index):
+        table = meter_table(a.device_index)
+    for name, ok, text in table:
         print(f"{name:5} {'available  ' if ok else 'unavailable'}  {text}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.cli.options import NAMES
+from kvaudit.cli.output import PRESETS_BUILT, step
 from kvaudit.errors import ConfigError
 from kvaudit.model.deployment import PRESETS
 
@@ -16,10 +17,20 @@ DESCRIPTION = "List the presets: title, architecture, layer mix per kind, deploy
 
 def run(a: Any) -> int:
     """List the presets with the layer mix vLLM's own model code registers for each."""
+    rows: list[tuple[str, ...]] = []
+    with step(PRESETS_BUILT):
+        _rows(a, rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}{r[6]}")
+    return 0
+
+
+def _rows(a: Any, rows: list) -> None:
+    """Each preset the options name: its title, architecture, layer mix, deployment, config, and why not built."""
     from kvaudit.model.deployment import load_preset_spec
     from kvaudit.plan.planner import layer_mix, make_deployment
 
-    rows = []
     for name, p in PRESETS.items():
         if a.names and name not in a.names:
             continue
@@ -31,7 +42,3 @@ def run(a: Any) -> int:
         except ConfigError as e:  # a model this vLLM cannot build here: its row says why, the others still list
             architecture, mix, why = spec.architecture or "?", "—", f"  (not built here: {e.message})"
         rows.append((name, p.title, architecture, mix, f"TP {p.tp}, {p.device}", p.config, why))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}{r[6]}")
-    return 0

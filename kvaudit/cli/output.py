@@ -4,9 +4,10 @@ atomically."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from kvaudit.cli.options import Detail, Format
 
@@ -38,6 +39,30 @@ def width() -> int:
     if sys.stdout.isatty():
         return max(shutil.get_terminal_size((TABLE_WIDTH, 24)).columns, MIN_WIDTH)
     return TABLE_WIDTH
+
+
+BUILDING = "importing torch and vLLM, then building the model on meta with vLLM's own code (seconds)"
+"""The step before a command that plans has anything to say (``audit``, ``plan``)."""
+READING = "reading the report, then planning its deployment with vLLM's own code (seconds)"
+PRESETS_BUILT = "building each preset's model with vLLM's own code to read its layers (seconds)"
+PROBING = "importing torch and asking each device library for its devices (seconds)"
+STEPS = (BUILDING, READING, PRESETS_BUILT, PROBING)
+"""Every slow step's note: the lines that may come before a command's one-line error."""
+
+
+@contextlib.contextmanager
+def step(text: str) -> Iterator[None]:
+    """A slow step (vLLM's import and a model built on meta, a report planned, a release fetched) announced before
+    it runs: on a terminal, a rich status line that goes when the step ends; otherwise one plain line on stderr, so
+    that a CI log shows what is running rather than nothing for seconds."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"kvaudit: {text}"):
+            yield
+    else:
+        note(f"kvaudit: {text}")
+        yield
 
 
 def console() -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvaudit.cli import deployments
 from kvaudit.cli.options import AUDIT_OPTIONS, MODEL_OPTIONS, SAVE, Format
-from kvaudit.cli.output import check_outputs, note, show
+from kvaudit.cli.output import BUILDING, check_outputs, note, show, step
 
 NAME = "plan"
 OPTIONS = (*MODEL_OPTIONS, SAVE, *AUDIT_OPTIONS[:-2])
@@ -21,17 +21,18 @@ DESCRIPTION = ("Plan with vLLM's own model and planner, allocate nothing: KV-cac
 
 def run(a: Any) -> int:
     """Plan only: capacity as vLLM computes it, and per strategy the highest safe utilization."""
-    from kvaudit.measure.utilization import plan_stage
-    from kvaudit.plan.planner import vllm_version
-    from kvaudit.report import render as report
-    from kvaudit.strategies.builtin import STRATEGIES
-    from kvaudit.strategies.resolve import resolve_strategies
-
     check_outputs(a.save)
-    spec, p = deployments.model(a)
-    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-    stages = [plan_stage(deployments.deployment(a, spec, p, rank), strategies, broken)
-              for rank in deployments.pp_ranks(a)]
+    spec, p = deployments.model(a)  # (a config that is not one is told before the slow step)
+    with step(BUILDING):
+        from kvaudit.measure.utilization import plan_stage
+        from kvaudit.plan.planner import vllm_version
+        from kvaudit.report import render as report
+        from kvaudit.strategies.builtin import STRATEGIES
+        from kvaudit.strategies.resolve import resolve_strategies
+
+        strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+        stages = [plan_stage(deployments.deployment(a, spec, p, rank), strategies, broken)
+                  for rank in deployments.pp_ranks(a)]
     if a.save:
         from kvaudit.plan.planfile import save
 

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from kvaudit.cli.options import REPORT, TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT
-from kvaudit.cli.output import note
+from kvaudit.cli.output import READING, note, step
 from kvaudit.errors import MissingDependency
 from kvaudit.results import check_tolerance
 
@@ -20,11 +20,14 @@ DESCRIPTION = ("Read a pasted vLLM / vllm-ascend report (logs, traceback, smi ta
 
 def run(a: Any) -> int:
     """Triage a pasted report; the report goes to stdout, the verdict line to stderr."""
-    from kvaudit.triage.conclude import triage
+    from kvaudit.triage.conclude import check_report, triage
     from kvaudit.triage.evidence import read_report
 
     check_tolerance(a.tolerance)
-    t = triage(read_report(a.report), a.config, a.title, a.tolerance)
+    text = read_report(a.report)
+    check_report(text, a.title)  # (bad input is told before the slow step)
+    with step(READING):
+        t = triage(text, a.config, a.title, a.tolerance)
     sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
     sys.stdout.flush()
     note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
-from kvaudit.errors import MeterUnavailable, UsageError, first_line
+from kvaudit.errors import MeterUnavailable, UsageError, did_you_mean, first_line
 from kvaudit.results import MemoryReading, Snapshot
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # see accounting.py
@@ -272,10 +272,14 @@ def make_meter(name: str, index: int = 0) -> Meter:
         return CpuMeter()
     if name == "meta":
         return MetaMeter()
-    raise UsageError(f"unknown meter {name!r} (known: auto, {', '.join(METER_NAMES)})")
+    raise UsageError(f"unknown meter {name!r}{did_you_mean(name, ('auto', *METER_NAMES), METER_ALIASES)} "
+                     f"(known: auto, {', '.join(METER_NAMES)})")
 
 
 METER_NAMES = ("npu", "cuda", "cpu", "meta")
+METER_ALIASES = {"gpu": "cuda", "nvidia": "cuda", "ascend": "npu", "torch_npu": "npu", "host": "cpu",
+                 "dry-run": "meta", "dry": "meta"}
+"""What people call the meters (``--meter gpu``)."""
 
 
 def select_meter(name: str, index: int = 0) -> Meter:
@@ -290,7 +294,8 @@ def select_meter(name: str, index: int = 0) -> Meter:
     meter = make_meter(name, index)
     reason = meter.probe()
     if reason is not None:
-        raise MeterUnavailable(f"meter {name!r} is unavailable: {reason}")
+        raise MeterUnavailable(f"meter {name!r} is unavailable: {reason} (kvaudit meters lists what this host has; "
+                               "--meter meta audits without a device)")
     return meter
 
 

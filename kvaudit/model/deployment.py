@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvaudit.errors import UsageError
+from kvaudit.errors import UsageError, did_you_mean
 from kvaudit.model.memory import Term
 from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
@@ -252,7 +252,7 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise UsageError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+        raise UsageError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)} (known: {', '.join(PRESETS)})") from None
 
 
 def load_preset_spec(preset: Preset) -> ModelSpec:

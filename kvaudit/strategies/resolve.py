@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kvaudit.errors import KvauditError, MissingDependency, NotAuditable, StrategyFailed, UsageError
+from kvaudit.errors import KvauditError, MissingDependency, NotAuditable, StrategyFailed, UsageError, did_you_mean
 from kvaudit.strategies import plugins
 from kvaudit.strategies.builtin import STRATEGIES
 from kvaudit.strategies.installed import installed_strategy
@@ -52,6 +52,7 @@ def resolve_strategy(name: str) -> Strategy:
     if found is not None:
         return found
     extra = plugins.entry_point_names()
-    raise UsageError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, installed, vllm-ascend==VERSION, "
+    raise UsageError(f"unknown strategy {name!r}{did_you_mean(name, (*STRATEGIES, 'installed'))} "
+                     f"(known: {', '.join(STRATEGIES)}, installed, vllm-ascend==VERSION, "
                      "vllm-ascend=PATH, "
                      f"module:function{', ' + ', '.join(extra) if extra else ''})")

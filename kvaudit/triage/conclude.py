@@ -498,10 +498,16 @@ def triage(text: str, config: str | None = None, title: str | None = None,
     return dataclasses.replace(t, not_parsed=own) if own else t
 
 
-def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tolerance: float | None) -> Triage:
+def check_report(text: str, title: str | None = None) -> None:
+    """Refuse text that is not a report at all (no out-of-memory error, vLLM, NPU/GPU or traceback in it): a usage
+    error, told before anything slow runs."""
     if not looks_like_report(text + (title or "")):
         raise UsageError("nothing in the text mentions an out-of-memory error, vLLM, an NPU or GPU, or a traceback: "
                          "give the issue's text, startup log or traceback")
+
+
+def _triage(ev: Evidence, text: str, config: str | None, title: str | None, tolerance: float | None) -> Triage:
+    check_report(text, title)
     values, missing, inputs = reconstruct(ev, config)
     evidence = _evidence_lines(ev)
     own = _ledger(ev, values, inputs, None)  # the report's own figures: every answer shows them
