@@ -361,10 +361,11 @@ def test_models_lists_a_preset_that_has_no_kv_budget_at_the_default_util(capsys,
     from kvaudit.model.deployment import PRESETS
 
     monkeypatch.setattr(kvaudit.cli.models, "PRESETS", {n: PRESETS[n] for n in ("kimi-k2", "llama-3.1-8b")})
+    monkeypatch.setenv("COLUMNS", "400")  # (a row per line)
     code, out, err = _run(["models"], capsys)
     assert code == 0, err
-    kimi, llama = out.splitlines()
-    assert kimi.split()[0] == "kimi-k2" and llama.split()[:2] == ["llama-3.1-8b", "Llama-3.1-8B"]
+    kimi, llama = [line for line in out.splitlines() if line.startswith("│ ")]
+    assert kimi.split()[1] == "kimi-k2" and llama.split()[1:5] == ["llama-3.1-8b", "│", "Llama-3.1-8B", "│"]
     assert "32 full attention" in llama
     # vLLM 0.23's CPU install has no MLA prefill backend: the row says so, the listing goes on
     assert "61 MLA" in kimi or "(not built here: vLLM could not build DeepseekV3ForCausalLM" in kimi, kimi

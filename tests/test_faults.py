@@ -429,3 +429,17 @@ def test_an_unavailable_meter_points_to_the_listing_and_the_dry_run(capsys, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and err[-1].endswith("(kvaudit meters lists what this host has; --meter meta audits without a "
                                           "device)"), err
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+@pytest.mark.parametrize("argv, header", [(["models", "llama-3.1-8b", "qwen3-next"], "preset"),
+                                          (["meters"], "meter")])
+def test_models_and_meters_fit_the_width_with_a_header_row(monkeypatch, capsys, columns, argv, header):
+    """They had printed 168 and 103 columns whatever the terminal, with no header row, and models the path of a
+    shipped config that an installed wheel does not have."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= columns and any(f"┃ {header}" in line for line in lines), out
+    assert "fixtures/configs" not in out

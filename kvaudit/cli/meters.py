@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.cli.options import PROBE_INDEX
-from kvaudit.cli.output import PROBING, step
+from kvaudit.cli.output import PROBING, show, step
 
 NAME = "meters"
 OPTIONS = (PROBE_INDEX,)
@@ -19,6 +19,13 @@ def run(a: Any) -> int:
         from kvaudit.measure.meters import meter_table
 
         table = meter_table(a.device_index)
+    from rich.table import Table
+
+    out = Table(title="kvaudit's meters on this host (--meter NAME; auto takes npu, then cuda, then meta)",
+                title_justify="left")
+    for column in ("meter", "here", "what it measures, or why it cannot"):
+        out.add_column(column, overflow="fold")
     for name, ok, text in table:
-        print(f"{name:5} {'available  ' if ok else 'unavailable'}  {text}")
+        out.add_row(name, "available" if ok else "unavailable", text)
+    show([out])
     return 0

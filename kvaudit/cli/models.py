@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.cli.options import NAMES
-from kvaudit.cli.output import PRESETS_BUILT, step
+from kvaudit.cli.output import PRESETS_BUILT, show, step
 from kvaudit.errors import ConfigError
 from kvaudit.model.deployment import PRESETS
 
@@ -17,12 +17,17 @@ DESCRIPTION = "List the presets: title, architecture, layer mix per kind, deploy
 
 def run(a: Any) -> int:
     """List the presets with the layer mix vLLM's own model code registers for each."""
+    from rich.table import Table
+
     rows: list[tuple[str, ...]] = []
     with step(PRESETS_BUILT):
         _rows(a, rows)
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + f"  fixtures/configs/{r[5]}{r[6]}")
+    table = Table(title="kvaudit's presets: each one's layers as vLLM's model code builds them", title_justify="left")
+    for column in ("preset", "model", "architecture", "layers (KV-cache kinds)", "deployment"):
+        table.add_column(column, overflow="fold")
+    for name, title, architecture, mix, deployment, _config, why in rows:
+        table.add_row(name, title, architecture, mix + why, deployment)
+    show([table])
     return 0
 
 
