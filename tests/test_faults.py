@@ -443,3 +443,15 @@ def test_models_and_meters_fit_the_width_with_a_header_row(monkeypatch, capsys, 
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= columns and any(f"┃ {header}" in line for line in lines), out
     assert "fixtures/configs" not in out
+
+
+def test_a_saved_plans_audit_says_so_before_importing_torch(saved_plan):
+    p = subprocess.Popen([sys.executable, "-m", "kvaudit", "audit", "--plan", str(saved_plan), "--meter", "meta"],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        running = p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+    assert line.startswith("kvaudit: importing torch to allocate the saved plans") and running, line

@@ -103,7 +103,7 @@ def test_a_saved_plan_needs_torch_to_be_audited(kvaudit_exe, tmp_path):
     plan = tmp_path / "p.json"
     assert main(["plan", "--preset", "llama-3.1-8b", "-s", "vllm", "--save", str(plan), "--format", "json"]) == 0
     p = _kvaudit(kvaudit_exe, "audit", "--plan", plan)
-    assert p.returncode == 3 and p.stderr.strip().splitlines() == [
+    assert p.returncode == 3 and ending(p.stderr) == [
         "kvaudit: error: this command needs the Python package 'torch', which is not installed in this environment: "
         "kvaudit allocates with torch (install the serving environment's torch, or a CPU wheel from "
         "https://download.pytorch.org/whl/cpu)"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvaudit.cli import deployments
 from kvaudit.cli.options import AUDIT_OPTIONS, DEPLOYMENT_OPTIONS, MODEL_OPTIONS, PLAN_FILE, Detail, Format
-from kvaudit.cli.output import BUILDING, check_outputs, note, render_reports, step, summarize, write_pages
+from kvaudit.cli.output import BUILDING, TORCH, check_outputs, note, render_reports, step, summarize, write_pages
 from kvaudit.errors import UsageError
 from kvaudit.results import check_tolerance
 
@@ -66,17 +66,18 @@ def _saved_plan_audit(a: Any) -> int:
                          "again with: kvaudit plan ... --save PLAN.json")
     saved = planfile.load(a.plan)  # bad input is reported before anything needs torch
 
-    from kvaudit.measure import audit as core
-    from kvaudit.measure.meters import select_meter
-    from kvaudit.results import Report
-    from kvaudit.strategies.builtin import STRATEGIES
-    from kvaudit.strategies.resolve import resolve_strategies
+    with step(TORCH):
+        from kvaudit.measure import audit as core
+        from kvaudit.measure.meters import select_meter
+        from kvaudit.results import Report
+        from kvaudit.strategies.builtin import STRATEGIES
+        from kvaudit.strategies.resolve import resolve_strategies
 
-    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-    for s in strategies:
-        if s.note:
-            note(f"kvaudit: {s.note}")
-    meter = select_meter(a.meter, a.device_index)
+        strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+        for s in strategies:
+            if s.note:
+                note(f"kvaudit: {s.note}")
+        meter = select_meter(a.meter, a.device_index)
     stages = [st for st in saved.stages if a.pp_rank is None or st.deployment.pp_rank == a.pp_rank]
     if not stages:
         raise UsageError(f"--pp-rank {a.pp_rank}: {a.plan} holds stages "

@@ -46,7 +46,8 @@ BUILDING = "importing torch and vLLM, then building the model on meta with vLLM'
 READING = "reading the report, then planning its deployment with vLLM's own code (seconds)"
 PRESETS_BUILT = "building each preset's model with vLLM's own code to read its layers (seconds)"
 PROBING = "importing torch and asking each device library for its devices (seconds)"
-STEPS = (BUILDING, READING, PRESETS_BUILT, PROBING)
+TORCH = "importing torch to allocate the saved plans (seconds)"
+STEPS = (BUILDING, READING, PRESETS_BUILT, PROBING, TORCH)
 """Every slow step's note: the lines that may come before a command's one-line error."""
 
 
