@@ -455,3 +455,18 @@ def test_a_saved_plans_audit_says_so_before_importing_torch(saved_plan):
         p.kill()
         p.wait()
     assert line.startswith("kvaudit: importing torch to allocate the saved plans") and running, line
+
+
+def test_triage_on_a_terminal_is_rendered_and_markdown_in_a_pipe(monkeypatch, capsys):
+    from kvaudit.cli import triage as cli_triage
+
+    report = str(ROOT / "fixtures/reports/threads/vllm-27508.txt")
+    assert main(["triage", report]) == 0
+    piped = capsys.readouterr().out
+    monkeypatch.setattr(cli_triage, "_on_terminal", lambda: True)
+    assert main(["triage", report]) == 0
+    shown = capsys.readouterr().out
+    assert main(["triage", report, "--format", "markdown"]) == 0
+    asked = capsys.readouterr().out
+    assert "\\_" in piped and asked == piped  # Markdown, escapes and all, where a program reads it
+    assert "\\_" not in shown and "## " not in shown and "kvaudit" in shown

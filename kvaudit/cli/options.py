@@ -88,7 +88,8 @@ TRIAGE_CONFIG = Opt("config", Optional[str], None, ("--config",),
 TITLE = Opt("title", Optional[str], None, ("--title",),
             "The issue's title (versions and models are often only there); a first line that reads like one "
             "([Bug]: ...) is taken as the title.")
-TRIAGE_FORMAT = Opt("fmt", TriageFormat, TriageFormat.markdown, ("--format",), "markdown or json.", OUTPUT)
+TRIAGE_FORMAT = Opt("fmt", Optional[TriageFormat], None, ("--format",),
+                    "markdown or json (default: rendered on a terminal, Markdown in a pipe or a file).", OUTPUT)
 MODEL_ARGUMENT = Opt("model", str, ..., (), f"A shipped model ({', '.join(PRESETS)}), a Hub id, a model folder or a "
                      "config.json.", argument=True)
 SINCE = Opt("since", Optional[str], None, ("--since",), "The first release to audit (default: every published one).")

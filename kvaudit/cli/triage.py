@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from kvaudit.cli.options import REPORT, TITLE, TOLERANCE, TRIAGE_CONFIG, TRIAGE_FORMAT
-from kvaudit.cli.output import READING, note, step
+from kvaudit.cli.output import READING, note, show, step
 from kvaudit.errors import MissingDependency
 from kvaudit.results import check_tolerance
 
@@ -28,10 +28,20 @@ def run(a: Any) -> int:
     check_report(text, a.title)  # (bad input is told before the slow step)
     with step(READING):
         t = triage(text, a.config, a.title, a.tolerance)
-    sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
+    if a.fmt is None and _on_terminal():  # read by a person: rendered, not its escapes (\#3368, torch\_npu)
+        from rich.markdown import Markdown
+
+        show([Markdown(t.to_markdown())])
+    else:
+        sys.stdout.write(t.to_json() + "\n" if a.fmt == "json" else t.to_markdown())
     sys.stdout.flush()
     note(f"kvaudit triage: {t.verdict}" + (f" ({t.factor:.2f}×)" if t.factor else ""))
     if t.not_audited:
         note(f"kvaudit: the audit step did not run: {t.not_audited}")
         return MissingDependency.exit_code
     return 0
+
+
+def _on_terminal() -> bool:
+    """Whether stdout is a terminal (a person reads it), not a pipe or a file (a program or an issue comment)."""
+    return sys.stdout.isatty()
