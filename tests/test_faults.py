@@ -470,3 +470,14 @@ def test_triage_on_a_terminal_is_rendered_and_markdown_in_a_pipe(monkeypatch, ca
     asked = capsys.readouterr().out
     assert "\\_" in piped and asked == piped  # Markdown, escapes and all, where a program reads it
     assert "\\_" not in shown and "## " not in shown and "kvaudit" in shown
+
+
+def test_the_device_check_names_the_python_to_use_when_this_one_lacks_torch(tmp_path):
+    """It printed a raw traceback (issue 35)."""
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    p = subprocess.run(["bash", str(ROOT / "scripts/device-check"), "run"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHON": str(tmp_path / "bare" / "bin" / "python")})
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "cannot import torch" in lines[0] and "PYTHON=" in lines[0], p.stderr
