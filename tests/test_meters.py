@@ -75,7 +75,7 @@ def test_meters_command_does_not_import_vllm():
     code = "import sys; from kvaudit.cli import main; main(['meters']); print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
-    assert "meta  available" in out and "cpu   available" in out
+    assert "│ meta  │ available " in out and "│ cpu   │ available " in out
 
 
 def test_auto_takes_npu_then_cuda_then_meta(monkeypatch):

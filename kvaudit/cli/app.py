@@ -395,8 +395,9 @@ def _utf8_or_reexec() -> None:
             locale.getpreferredencoding(False).lower() not in ("ascii", "ansi_x3.4-1968", "646", "us-ascii"):
         return
     os.environ["KVAUDIT_REEXEC"] = "utf8"
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # (a stream the caller closed is None here, before main opens it on the null device)
+            stream.flush()
     os.execv(sys.executable, [sys.executable, "-X", "utf8", "-m", "kvaudit", *sys.argv[1:]])
 
 
