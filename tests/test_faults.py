@@ -383,15 +383,19 @@ def test_plan_save_on_a_failing_disk_keeps_the_previous_plan_whole(tmp_path, mon
 ])
 def test_the_first_line_comes_before_the_slow_step(argv, first):
     """Read as it streams: the note is there while the command is still at work (it is stopped once read)."""
+    line, running = _first_line_while_running(*argv)
+    assert line.startswith(first) and running, line
+
+
+def _first_line_while_running(*argv: str) -> tuple[str, bool]:
+    """``python -m kvaudit ARGV``'s first stderr line, and whether the process was still at work when it came."""
     p = subprocess.Popen([sys.executable, "-m", "kvaudit", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
-        line = p.stderr.readline()
-        running = p.poll() is None
+        return p.stderr.readline(), p.poll() is None
     finally:
         p.kill()
         p.wait()
-    assert line.startswith(first) and running, line
 
 
 # --- errors that say what to do next (issue 35) ----------------------------------------------------------------
@@ -441,14 +445,7 @@ def test_models_and_meters_fit_the_width_with_a_header_row(monkeypatch, capsys, 
 
 
 def test_a_saved_plans_audit_says_so_before_importing_torch(saved_plan):
-    p = subprocess.Popen([sys.executable, "-m", "kvaudit", "audit", "--plan", str(saved_plan), "--meter", "meta"],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        line = p.stderr.readline()
-        running = p.poll() is None
-    finally:
-        p.kill()
-        p.wait()
+    line, running = _first_line_while_running("audit", "--plan", str(saved_plan), "--meter", "meta")
     assert line.startswith("kvaudit: importing torch to allocate the saved plans") and running, line
 
 

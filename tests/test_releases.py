@@ -740,38 +740,18 @@ def test_the_release_code_that_runs_in_process_is_said_once(capsys):
 def test_processes_that_fetch_one_release_at_once_fetch_it_once(tmp_path, monkeypatch):
     """Two suites (or a user's two runs) that want the same release together: the second waits for the first's
     fetch and uses it. Separate processes, as flock(2) locks are between open files."""
-    import multiprocessing
-
     good, copy, _ = _cache_with(tmp_path, monkeypatch)
     for path in (copy, releases._record(copy)):
         path.unlink()  # an empty cache
-    log = tmp_path / "fetches.log"
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_fetch_logged, args=(str(good), str(log))) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
-    assert log.read_text().split() == ["fetched", f"got:{copy}", f"got:{copy}"]
+    assert _two_runs_at_once(good, tmp_path) == ["fetched", f"got:{copy}", f"got:{copy}"]
 
 
 def test_processes_that_repair_one_corrupt_sdist_at_once_both_go_on(tmp_path, monkeypatch):
     """Two runs that find the same cut-short sdist: one repairs it, the other uses the repair (one had exited 3,
     "the cache is not writable", from an unlink of what the first had removed)."""
-    import multiprocessing
-
     good, copy, _ = _cache_with(tmp_path, monkeypatch)
     copy.write_bytes(good.read_bytes()[:1000])
-    log = tmp_path / "fetches.log"
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_fetch_logged, args=(str(good), str(log))) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
-    assert log.read_text().split() == ["fetched", f"got:{copy}", f"got:{copy}"]
+    assert _two_runs_at_once(good, tmp_path) == ["fetched", f"got:{copy}", f"got:{copy}"]
 
 
 def test_a_corrupt_sdist_another_process_removes_meanwhile_is_fetched_again(tmp_path, monkeypatch):
@@ -790,6 +770,21 @@ def test_a_corrupt_sdist_another_process_removes_meanwhile_is_fetched_again(tmp_
 
     monkeypatch.setattr(releases, "_sha256", hashed_then_removed)
     assert releases.fetch_sdist("0.13.0") == copy and fetched == ["0.13.0"]
+
+
+def _two_runs_at_once(good, tmp_path) -> list[str]:
+    """Two forked processes fetching the release at once, both ending well; what they logged (``_fetch_logged``)."""
+    import multiprocessing
+
+    log = tmp_path / "fetches.log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fetch_logged, args=(str(good), str(log))) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    return log.read_text().split()
 
 
 def _fetch_logged(good: str, log: str) -> None:

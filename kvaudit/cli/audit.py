@@ -26,18 +26,11 @@ def run(a: Any) -> int:
     spec, p = deployments.model(a)  # (a config that is not one is told before the slow step)
     with step(BUILDING):
         from kvaudit.measure import audit as core
-        from kvaudit.measure.meters import select_meter
         from kvaudit.measure.utilization import for_report
         from kvaudit.plan.planner import vllm_version
         from kvaudit.results import Report
-        from kvaudit.strategies.builtin import STRATEGIES
-        from kvaudit.strategies.resolve import resolve_strategies
 
-        strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-        for s in strategies:
-            if s.note:
-                note(f"kvaudit: {s.note}")
-        meter = select_meter(a.meter, a.device_index)
+        strategies, broken, meter = _strategies_and_meter(a)
         stages = [deployments.deployment(a, spec, p, rank) for rank in deployments.pp_ranks(a)]
     note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
          f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
@@ -68,16 +61,9 @@ def _saved_plan_audit(a: Any) -> int:
 
     with step(TORCH):
         from kvaudit.measure import audit as core
-        from kvaudit.measure.meters import select_meter
         from kvaudit.results import Report
-        from kvaudit.strategies.builtin import STRATEGIES
-        from kvaudit.strategies.resolve import resolve_strategies
 
-        strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-        for s in strategies:
-            if s.note:
-                note(f"kvaudit: {s.note}")
-        meter = select_meter(a.meter, a.device_index)
+        strategies, broken, meter = _strategies_and_meter(a)
     stages = [st for st in saved.stages if a.pp_rank is None or st.deployment.pp_rank == a.pp_rank]
     if not stages:
         raise UsageError(f"--pp-rank {a.pp_rank}: {a.plan} holds stages "
@@ -98,6 +84,19 @@ def _saved_plan_audit(a: Any) -> int:
     write_pages(a, reports)
     summarize(reports)
     return max(rep.exit_code for rep in reports)
+
+
+def _strategies_and_meter(a: Any) -> tuple[list[Any], list[tuple[str, str]], Any]:
+    """The strategies the options name (each one's note said), those that could not be had, and the meter."""
+    from kvaudit.measure.meters import select_meter
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.resolve import resolve_strategies
+
+    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
+    for s in strategies:
+        if s.note:
+            note(f"kvaudit: {s.note}")
+    return strategies, broken, select_meter(a.meter, a.device_index)
 
 
 def _deployment_options_given(a: Any) -> str | None:
