@@ -61,7 +61,7 @@ def architecture(folder: Path) -> str:
 def registry_kind(arch: str) -> str:
     """T (text generation), M (multimodal), B (served by vLLM's Transformers backend: ``_TRANSFORMERS_SUPPORTED_MODELS``),
     R (removed) or - for vLLM's registry of this environment."""
-    from kvaudit.model.vllm_model import declare_torchvision_ops
+    from kvaudit.model.vllm_modules import declare_torchvision_ops
 
     declare_torchvision_ops()
     from vllm.model_executor.models import registry

@@ -36,7 +36,7 @@ def cold(reps: int) -> None:
         # the bare planner import, where torchvision imports (kvaudit's lean env carries its CUDA wheel, which
         # transformers imports), ended as kvaudit ends: without the seconds of interpreter teardown
         "bare import vllm.v1.core.kv_cache_planning": [PY, "-c", (
-            "import os, kvaudit.model.vllm_model as m; m.declare_torchvision_ops(); "
+            "import os, kvaudit.model.vllm_modules as m; m.declare_torchvision_ops(); "
             "import vllm.v1.core.kv_cache_planning; os._exit(0)")],
         "kvaudit qwen3-next --util 0.7 --meter meta --format json": KVAUDIT + [
             "qwen3-next", "--util", "0.7", "--meter", "meta", "--format", "json"],

@@ -356,6 +356,24 @@ class AuditResult:
         return self.allocated_bytes / self.expected_bytes if self.expected_bytes else float("inf")
 
     @property
+    def finding(self) -> str:
+        """The verdict in a few words, for a summary line or a grid cell: the ratio (``4.00×``), where the device ran
+        out of memory, or, for a FAIL whose total is as planned (a ratio of 1.00× beside FAIL would read as a
+        contradiction), what failed: ``24 layers got 0 B``, a split shared tensor, a leak."""
+        if self.device_oom:
+            return "out of memory"
+        ratio = f"{self.ratio:.2f}×"
+        if self.verdict is Verdict.PASS or self.over_allocated or self.allocated_bytes < self.expected_bytes:
+            return ratio + (" leaks" if self.leaked_bytes else "")
+        empty = sum(1 for r in self.layers if r.expected and not r.allocated)
+        if empty:
+            return f"{empty} layer{'s' if empty != 1 else ''} got 0 B"
+        split = sum(1 for t in self.tensors if t.storages > 1)
+        if split:
+            return f"{split} shared tensor{'s' if split != 1 else ''} split"
+        return ratio + (" leaks" if self.leaked_bytes else "")
+
+    @property
     def over_allocated(self) -> bool:
         """The verdict's over-allocation rule: allocated bytes exceed the plan by more than the tolerance."""
         return exceeds_plan(self.allocated_bytes, self.expected_bytes, self.tolerance_bytes)

@@ -63,11 +63,13 @@ BAD_INPUT = [
     (["qwen3-next", "--format", "xml"], "'xml' is not one of 'table', 'json'"),
     # click's own usage errors (several lines with the usage in click) are one line here too
     (["qwen3-next", "--util"], "Option '--util' requires an argument"),
-    (["qwen3-next", "--utl", "0.7"], "qwen3-next: No such option: --utl"),
+    (["qwen3-next", "--utl", "0.7"], "qwen3-next: No such option: --utl (did you mean '--util'?)"),
+    (["audit", "--tensor-paralel", "2"], "audit: No such option: --tensor-paralel (did you mean "
+     "'--tensor-parallel-size'?)"),
     (["qwen3-next", "extra"], "qwen3-next: Got unexpected extra argument(s) (extra)"),
     (["qwen3-next", "--tp", "four"], "qwen3-next: Invalid value for '--tp'"),
-    (["triage"], "triage: Missing argument 'report'"),
-    (["compare", "old.json"], "compare: Missing argument 'new'"),
+    (["triage"], "triage: Missing argument 'REPORT'"),
+    (["compare", "old.json"], "compare: Missing argument 'NEW'"),
     (["check", "--format", "xml"], "check: Invalid value for '--format'"),
     (["--bogus"], "No such option: --bogus"),
 ]

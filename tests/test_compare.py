@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -474,7 +475,12 @@ def test_render_returns_tables_and_prints_nothing(capsys):
     summary = _text(C.render(c, "summary"))
     assert "FullAttentionSpec" not in summary and "all: FAIL" in summary
     layers = _text(C.render(c, "layers"))
-    assert any("3.self_attn.attn" in x and "+4.00 MiB" in x and "regression" in x for x in layers.splitlines())
+    assert any("3, 7, 11, …, 47 (12) self_attn.attn" in x and "+4.00 MiB" in x and "regression" in x
+               for x in layers.splitlines())
+    rows = [x for x in layers[layers.index("Per layer"):].splitlines() if "│" in x and "(" in x]
+    assert len(rows) == 6  # three strategies' changed layers, 48 each, in two runs of equal figures
+    assert sum(int(re.search(r"\((\d+)\) ", x).group(1)) for x in rows) == sum(
+        1 for s in C.to_dict(c)["stages"][0]["strategies"] for r in s["layers"] if r["delta"]["allocated_bytes"])
     assert "48 layer rows with the same figures in both reports are not shown" in layers  # vllm's, unchanged
     with pytest.raises(UsageError):
         C.render(c, "tensors")
@@ -588,3 +594,39 @@ def test_a_report_with_no_audits_is_refused():
     new["audits"] = []
     with pytest.raises(UsageError, match="no strategy was audited"):
         saved(new)
+
+
+def test_html_and_svg_pages_of_a_comparison(tmp_path, capsys):
+    from kvaudit.cli import main
+
+    html, svg = tmp_path / "c.html", tmp_path / "c.svg"
+    assert main(["compare", str(BASE), str(KV_TRANSFER), "--html", str(html), "--svg", str(svg)]) == 1
+    err = capsys.readouterr().err
+    assert f"wrote {html}" in err and f"wrote {svg}" in err and err.splitlines()[-1].startswith("kvaudit compare: ")
+    page = html.read_text()
+    assert "<title>kvaudit compare: " in page and "REGRESSION in 2 of 4 strategies" in page and "regression" in page
+    assert "self_attn.attn" in page and svg.read_text().startswith("<svg ")
+
+
+def test_a_terminal_is_told_how_to_get_a_page_and_a_pipe_is_not():
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    argv = [sys.executable, "-m", "kvaudit", "compare", str(BASE), str(BASE)]
+    env = dict(os.environ, COLUMNS="100")
+    p = subprocess.run(argv, stdout=follower, stderr=follower, env=env, timeout=120)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # (the terminal's other end is closed: all was read)
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert p.returncode == 0 and b"the same report as a page: --html report.html" in seen, seen[-400:]
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert piped.returncode == 0 and "as a page" not in piped.stdout + piped.stderr

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import each_vllm
 
 from kvaudit.errors import ConfigError, UsageError
 from kvaudit.model.deployment import DEVICES, get_preset, load_preset_spec
-from kvaudit.plan.planner import make_deployment
+from kvaudit.plan.planner import deploy, make_deployment
 from kvaudit.units import GiB, fmt_bytes, parse_size
 
 pytestmark = pytest.mark.fast
@@ -107,7 +108,7 @@ def test_deploy_hands_every_option_to_the_deployment():
     assert deploy(load_preset_spec(get_preset("llama-3.1-8b")), None, {}).device == "atlas-a2-64g"
     unset = deploy(load_preset_spec(get_preset("qwen3-next")), get_preset("qwen3-next"), {})
     assert (unset.tp, unset.max_model_len, unset.usage_context, unset.gpu_memory_utilization) == (
-        get_preset("qwen3-next").tp, get_preset("qwen3-next").max_model_len, "serve", 0.9)
+        get_preset("qwen3-next").tp, get_preset("qwen3-next").max_model_len, "serve", 0.92)  # vLLM 0.20.0+'s default
     assert unset.weights_bytes != 15 * GiB and unset.kv_cache_memory_bytes is None and unset.device_memory_bytes
 
 
@@ -201,3 +202,42 @@ def test_data_and_expert_parallel_split_the_experts_as_vllms_moe_layer_does():
     for bad in (0, -1):
         with pytest.raises(UsageError, match="--dp must be at least 1"):
             deploy(moe, None, {**base, "dp": bad})
+
+
+@each_vllm
+def test_vllms_default_utilization_is_the_emulated_releases():
+    """vLLM's default ``gpu_memory_utilization`` is stated once, by era (``UTILIZATION_DEFAULTS``): the installed
+    vLLM's own ``CacheConfig`` default is the one for its release, and an unset ``--util`` plans with the emulated
+    release's (0.9 up to 0.19.1, 0.92 from 0.20.0, read in those sdists)."""
+    import dataclasses
+
+    pytest.importorskip("vllm")
+    from kvaudit.model.memory import default_gpu_memory_utilization
+    from kvaudit.model.vllm_modules import module, vllm_version
+
+    field = next(f for f in dataclasses.fields(module("vllm.config").CacheConfig) if f.name == "gpu_memory_utilization")
+    assert default_gpu_memory_utilization(vllm_version()) == getattr(field.default, "default", field.default)
+    assert [default_gpu_memory_utilization(v) for v in ("0.11.0", "0.19.1", "0.20.0", "0.33.0")] == [0.9, 0.9, 0.92,
+                                                                                                     0.92]
+    spec = load_preset_spec(get_preset("llama-3.1-8b"))
+    assert deploy(spec, None, {}).gpu_memory_utilization == default_gpu_memory_utilization(vllm_version())
+    assert deploy(spec, None, {"vllm_version": "0.19.1"}).gpu_memory_utilization == 0.9
+    assert deploy(spec, None, {"vllm_version": "0.20.0", "util": 0.8}).gpu_memory_utilization == 0.8
+
+
+def test_deploy_takes_a_typed_record_of_the_options():
+    """The command line's namespace and a policy's mapping become one typed record (``DeploymentOptions``): a
+    command's own options are left out, an unset one takes its declared default, and the record plans as the
+    mapping does."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from kvaudit.model.options import DeploymentOptions
+
+    record = DeploymentOptions.of(SimpleNamespace(tp=4, util=0.7, fmt="json", strategy=["vllm"], pp=None))
+    assert (record.tp, record.util, record.pp, record.dtype) == (4, 0.7, 1, "auto")
+    assert "fmt" not in {f.name for f in dataclasses.fields(record)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.tp = 8
+    spec = load_preset_spec(get_preset("qwen3-next"))
+    assert deploy(spec, None, record) == deploy(spec, None, {"tp": 4, "util": 0.7})

@@ -15,7 +15,7 @@ import pytest
 
 from kvaudit.errors import ConfigError
 from kvaudit.plan import planner
-from kvaudit.model import vllm_model
+from kvaudit.model import vllm_model, vllm_modules
 from conftest import deployment, ending, skip_unless_planned
 
 pytestmark = pytest.mark.fast
@@ -79,7 +79,7 @@ def test_planning_without_vllm_says_what_to_install(monkeypatch):
     from kvaudit.errors import MissingDependency
 
     monkeypatch.setattr(planner, "_VLLM", None)
-    monkeypatch.setattr(planner, "vllm_version", lambda: None)
+    monkeypatch.setattr(vllm_modules, "vllm_version", lambda: None)  # (the one door to vLLM checks it)
     with pytest.raises(MissingDependency) as e:
         planner.load_vllm()
     assert str(e.value) == ("vLLM is not installed in this environment; kvaudit plans with vLLM's own planner: install "
@@ -110,7 +110,7 @@ def test_an_architecture_vllm_moved_out_is_named_with_where_it_went(monkeypatch)
     """vLLM's registry records the last release that served an architecture it removed and the plugin that serves
     one it moved out of tree; an architecture it serves, or a registry without those records, gives no message."""
     pytest.importorskip("vllm")
-    vllm_model.declare_torchvision_ops()  # as the planner does before its first vLLM import (said after a refusal)
+    vllm_modules.declare_torchvision_ops()  # as the planner does before its first vLLM import (said after a refusal)
     registry = pytest.importorskip("vllm.model_executor.models.registry")
     version = planner.vllm_version()
     previously = {"OldForCausalLM": "0.10.1", "LlamaForCausalLM": "0.1"}

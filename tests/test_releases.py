@@ -303,21 +303,39 @@ def test_history_finds_where_the_allocation_changed():
         ("0.13.0", 2.0, 36, "FAIL", True), ("0.18.0", 1.0, 12, "PASS", True)]
     assert "cannot serve hybrid models" in rows[0].reason
     assert rows[2].pr is None  # 0.13.0 is not where PR #3760 landed; 0.12.0rc1 is
+    from rich.console import Console
+
+    from kvaudit.ci.history import CHART_BAR, chart
+
+    console = Console(width=60, color_system=None)
+    with console.capture() as cap:
+        console.print(chart(rows))
+    steps = [line.split() for line in cap.get().splitlines() if line[:1].isdigit()]
+    assert steps == [["0.10.1rc1", "not", "audited"], ["0.11.0", "█" * CHART_BAR, "4.00×", "FAIL"],
+                     ["0.13.0", "█" * (CHART_BAR // 2), "2.00×", "FAIL"], ["0.18.0", "█" * (CHART_BAR // 4), "1.00×",
+                                                                           "PASS"]]
     assert releases.ERA_PRS["0.12.0rc1"].startswith("#3760") and releases.ERA_PRS["0.16.0rc1"].startswith("#6887")
 
 
-def test_history_through_the_cli(capsys, monkeypatch):
+def test_history_through_the_cli(capsys, monkeypatch, tmp_path):
     import json
 
     from kvaudit.ci import history
     from kvaudit.cli import main
 
-    monkeypatch.setattr(history, "published", lambda since=None: (["0.13.0", "0.18.0"], "a test list"))
-    code = main(["history", "qwen3-next", "--util", "0.7", "--format", "json"])
+    monkeypatch.setattr(history, "published", lambda since=None: (["0.13.0", "0.13.0rc3", "0.18.0"], "a test list"))
+    html, svg = tmp_path / "history.html", tmp_path / "history.svg"
+    code = main(["history", "qwen3-next", "--util", "0.7", "--format", "json", "--html", str(html), "--svg", str(svg)])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and [(r["version"], r["ratio"], r["changed"]) for r in doc["releases"]] == [
-        ("0.13.0", 2.0, False), ("0.18.0", 1.0, True)]
+        ("0.13.0", 2.0, False), ("0.13.0rc3", 2.0, False), ("0.18.0", 1.0, True)]
     assert doc["meter"] == "meta" and doc["planned_with_vllm"]
+    import html as markup
+    import re
+
+    page = markup.unescape(re.sub(r"<[^>]+>", "", html.read_text()))  # the terminal's table and step chart
+    assert re.search(r"0\.13\.0 – 0\.13\.0rc3 \(2\) +█{24} 2\.00× FAIL\n0\.18\.0 +█{12} +1\.00× PASS", page), page
+    assert "← changed" in page and "(2)" in markup.unescape(svg.read_text())
 
 
 def test_version_order_counts_post_releases():

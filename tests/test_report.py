@@ -98,7 +98,7 @@ def test_every_detail_renders(rep, detail):
         console.print(r)
     text = console.export_text()
     assert "meter" in text and "meta (accounting" in text
-    assert ("0.linear_attn" in text) is (detail is Detail.layers)  # per-layer rows
+    assert ("Per layer: layers with the same figures on one row" in text) is (detail is Detail.layers)  # per-layer rows
     assert ("planned to be shared by" in text) is (detail is not Detail.summary)  # per-tensor rows
 
 
@@ -186,3 +186,38 @@ def test_what_a_plan_or_a_tolerance_cannot_do_is_said_whole():
     assert str(e.value) == ("strategy 'installed' needs the vLLM objects of a live plan (its VllmConfig and the built "
                             "model's layers), which a saved plan does not carry; audit it where vLLM plans (without "
                             "--plan)")
+
+
+def test_collapsed_layer_rows_carry_the_figures_of_the_json(rep):
+    """The per-layer table has one row per run of layers with the same figures (``layer_runs``): every layer of the
+    JSON in exactly one row, that row's figures its own, and the rows' counts × bytes the JSON's totals."""
+    from rich.console import Console
+
+    from kvaudit.units import fmt_bytes
+
+    doc = report.to_dict(rep)
+    for r, a in zip(rep.audits, doc["audits"]):
+        runs = report.layer_runs(r.layers)
+        assert sorted(x.layer for run in runs for x in run) == sorted(row["layer"] for row in a["layers"])
+        by_name = {row["layer"]: row for row in a["layers"]}
+        for run in runs:
+            assert {(by_name[x.layer]["expected_bytes"], by_name[x.layer]["allocated_bytes"], by_name[x.layer]["group"],
+                     by_name[x.layer]["spec"]) for x in run} == {(run[0].expected, run[0].allocated, run[0].group,
+                                                                  run[0].spec)}
+        assert sum(len(run) * run[0].allocated for run in runs) == sum(row["allocated_bytes"] for row in a["layers"])
+        console = Console(width=200, record=True, file=None, color_system=None)
+        with console.capture() as cap:
+            for renderable in report.render_tables(Report(rep.deployment, (r,), rep.meter, rep.meter_device,
+                                                          rep.vllm_version), "layers"):
+                console.print(renderable)
+        lines = cap.get().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("Per layer:"))
+        end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+        rows = [line for line in lines[start:end] if line.startswith("│")]
+        assert len(rows) == len(runs) < len(r.layers), (r.strategy, rows)
+        for line, run in zip(rows, runs):
+            cells = [c.strip() for c in line.strip("│").split("│")]
+            assert cells[1:5] == [str(run[0].group), run[0].spec, fmt_bytes(run[0].expected),
+                                  fmt_bytes(run[0].allocated)], (line, run[0])
+            assert cells[0] == (report.short_layer(run[0].layer) if len(run) == 1 else report.layers_text(
+                [x.layer for x in run])), line

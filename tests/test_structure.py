@@ -113,3 +113,19 @@ def test_every_module_says_what_it_is(module):
 def test_the_layout_in_the_development_page_is_the_package():
     text = (ROOT / "docs" / "development.md").read_text()
     assert all(f"{f}/" in text for f in RANK), "docs/development.md names each folder"
+
+
+def test_vllm_is_imported_through_one_module():
+    """``kvaudit.model.vllm_modules`` owns the import of vLLM (and what it quiets): no other module imports vLLM by
+    name, by ``importlib.import_module("vllm...")`` or by ``__import__``."""
+    others = []
+    for m, path in MODULES.items():
+        if m == "kvaudit.model.vllm_modules":
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+                     if isinstance(n, ast.ImportFrom) else [n.args[0].value] if isinstance(n, ast.Call)
+                     and getattr(n.func, "attr", getattr(n.func, "id", "")) in ("import_module", "__import__")
+                     and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str) else [])
+            others += [f"{m}:{n.lineno} {name}" for name in names if name.split(".")[0] == "vllm"]
+    assert others == []

@@ -61,7 +61,7 @@ def test_another_process_from_the_oom_line_where_it_breaks_the_ledgers_headroom(
     t = _cause(OOM.format(held="30.00"))  # 79.15 − 30.00 − 1.06 = 48.09 GiB held elsewhere
     assert t.cause == "another-process"
     assert ("another process holds more than the utilization leaves it (held outside this process 48.09 GiB (line 1) > "
-            "what the utilization leaves free, (1 − 0.9) × 79.15 GiB = 7.91 GiB)") in t.headline
+            "what the utilization leaves free, (1 − 0.92) × 79.15 GiB = 6.33 GiB)") in t.headline  # (vLLM's default)
     t = _cause("vllm serve /models/x --gpu-memory-utilization 0.3\n" + OOM.format(held="30.00"))
     assert t.cause != "another-process"  # 48.09 GiB is within the 55.41 GiB that 0.3 leaves
 
@@ -86,7 +86,11 @@ def test_weights_over_the_utilizations_share_recommend_a_utilization():
                + OOM.format(held="78.00"))
     assert t.cause == "weights"  # the weights over the utilization's budget, the ledger's first breach
     assert "vLLM may use 63.32 GiB of the 79.15 GiB device, and the weights alone take 70.50 GiB" in t.headline
-    assert t.recommended_utilization == 0.9  # min(0.9, 70.5 / 79.15 + 0.1)
+    assert t.recommended_utilization == 0.92  # min(vLLM's default 0.92, 70.5 / 79.15 + 0.1)
+    old = _cause("vllm serve /models/x --gpu-memory-utilization 0.8\nvLLM version 0.11.0\n"
+                 "INFO 01-23 15:50:29 [gpu_model_runner.py:2000] Model loading took 70.5 GiB memory and 20.1 seconds\n"
+                 + OOM.format(held="78.00"))
+    assert old.recommended_utilization == 0.9  # the default of the release the report names (0.9 before 0.20.0)
 
 
 def test_a_negative_budget_recommends_the_utilization_that_covers_it_and_2_gib():

@@ -47,13 +47,13 @@ def _figures(text: str) -> set[str]:
     return set(FIGURE.findall(text))
 
 
-def _assert_whole(renderables, wanted: set[str]) -> None:
+def _assert_whole(renderables, wanted: set[str], widths: tuple[int, ...] = WIDTHS) -> None:
     """At every width: no cut cell, the figures of ``wanted`` (from the JSON) and those of the widest rendering."""
     widest = _render(renderables, 400)
     assert not CUT.search(widest)
     missing = {f for f in wanted if f not in _figures(widest)}
     assert not missing, f"JSON figures the tables do not show: {sorted(missing)}"
-    for width in WIDTHS:
+    for width in widths:
         text = _render(renderables, width)
         cut = CUT.search(text)
         assert cut is None, f"a cell cut at {width} columns: {text[max(0, cut.start() - 80):cut.end()]!r}"
@@ -105,7 +105,9 @@ def test_plan_keeps_every_figure_whole():
     _assert_whole(report.render_plan(stages, vllm_version()), wanted)
 
 
-def test_check_keeps_every_figure_whole(tmp_path):
+def test_check_is_a_grid_of_verdicts_at_every_width(tmp_path):
+    """At 60, 80 and 120 columns (and the rest of WIDTHS) ``check`` is a deployment × strategy grid: one line per
+    deployment holding each strategy's outcome, a failure's ratio from the JSON beside it; no cards."""
     from kvaudit.ci.policy import load_policy
 
     policy = tmp_path / "kvaudit.toml"
@@ -115,12 +117,35 @@ def test_check_keeps_every_figure_whole(tmp_path):
                       'why = "the legacy releases give each layer of a shared tensor its own buffer (vllm-ascend #3368)"\n')
     result = check.run_policy(load_policy(policy, tuple(STRATEGIES)), meter=None)
     doc = check.to_dict(result)
-    wanted = {f"{c['ratio']:.2f}" for c in doc["cells"] if c.get("ratio") is not None}
-    assert wanted
-    _assert_whole(check.render(result), wanted)
+    marks = [c["outcome"].upper() + (f" {c['ratio']:.2f}×" if c["outcome"] == "fail" else "") for c in doc["cells"]]
+    assert marks == ["PASS", "FAIL 4.00×", "FAIL 2.00×", "PASS"]
+    _assert_whole(check.render(result), {m.split()[1][:-1] for m in marks if " " in m})
+    for width in (60, 80, 120):
+        lines = _render(check.render(result), width).splitlines()
+        header = next(i for i, line in enumerate(lines) if line.strip("│┃ ").startswith("deployment"))
+        assert re.findall(r"vllm|ascend-0\.1\d", lines[header]) == [c["strategy"] for c in doc["cells"]]
+        row = next(line for line in lines[header:] if "qwen3-next util=0.7" in line)
+        assert re.findall(r"PASS|FAIL [\d.]+×", row) == marks, (width, row)
+        assert len(lines) <= 16, "\n".join(lines)  # title, grid, caption, a line per expected failure
 
 
-def test_compare_keeps_every_figure_whole():
+def test_a_failure_whose_total_is_as_planned_says_what_failed_not_1x():
+    """FAIL beside 1.00× read as a contradiction: a FAIL within the tolerance in total names its finding."""
+    from dataclasses import replace
+
+    d = deployment("nemotron-h-8b")
+    r, = audit_all(d, [STRATEGIES["ascend-0.11"]], MetaMeter())
+    empty = sum(1 for row in r.layers if row.expected and not row.allocated)
+    assert r.verdict.value == "FAIL" and f"{r.ratio:.2f}" == "1.00" and empty
+    assert r.finding == f"{empty} layers got 0 B"
+    assert replace(r, verdict=report.Verdict.PASS).finding == "1.00×"
+    rep = Report(d, (r,), "meta", "meta: accounting", vllm_version())
+    assert f"(ascend-0.11 {empty} layers got 0 B)" in report.summary_line(rep)
+
+
+def test_compare_keeps_every_figure_whole_and_narrow_terminals_get_its_verdicts():
+    """Wide enough for the figures' tables: every figure whole; narrower: a grid of each strategy's verdict and ratio,
+    old → new, and where the figures are."""
     folder = ROOT / "fixtures" / "reports" / "compare"
     c = compare.compare(compare.load_report(folder / "qwen3-next-util0.7-meta.json"),
                         compare.load_report(folder / "qwen3-next-util0.7-meta-kv-transfer.json"), 0.005)
@@ -133,7 +158,18 @@ def test_compare_keeps_every_figure_whole():
                     wanted |= {_bytes(s[side]["allocated_bytes"]), f"{s[side]['ratio']:.2f}"}
     assert wanted
     for detail in ("groups", "layers"):
-        _assert_whole(compare.render(c, detail), wanted)
+        _assert_whole(compare.render(c, detail), wanted, widths=(200,))
+        for width in (60, 80, 120):
+            text = _render(compare.render(c, detail), width)
+            assert max(len(line) for line in text.splitlines()) <= width and not CUT.search(text)
+            if "Verdicts (old → new)" in text:
+                assert "a wider terminal, --format json, --html or --svg" in " ".join(text.split())
+                for s in doc["stages"][0]["strategies"]:
+                    row = next(line for line in text.splitlines() if line.startswith(s["strategy"] + " "))
+                    assert s["status"] in row and f"{s['new']['ratio']:.2f}" in row, row
+            else:
+                assert not {f for f in wanted if f not in _figures(text)}
+        assert "Verdicts (old → new)" in _render(compare.render(c, detail), 60)
 
 
 def test_history_keeps_every_figure_whole():
@@ -146,19 +182,30 @@ def test_history_keeps_every_figure_whole():
 
 @pytest.mark.parametrize("command", ["", "audit", "plan", "check", "compare", "triage", "history", "models"])
 @pytest.mark.parametrize("width", [60, 80])
-def test_help_shows_every_option_name_whole(capsys, monkeypatch, command, width):
+def test_help_shows_each_option_on_one_line_whole(capsys, monkeypatch, command, width):
+    """Parsed at the width: every option's names (and the value it takes) on one line, whole; a flag shows no
+    value; nothing cut; no line wider than the terminal; audit and plan name the MODEL they take."""
     from kvaudit.cli import app as cli
 
     monkeypatch.setenv("COLUMNS", str(width))
     assert main([*([command] if command else []), "--help"]) == 0
     out = capsys.readouterr().out
-    assert "…" not in out
+    lines = [line.strip("│ ") for line in out.splitlines()]
+    assert "…" not in out and "<bool>" not in out and max(len(line) for line in out.splitlines()) <= width
     group = cli._click_command()
-    params = (group.commands[command] if command else group).params
-    words = set(out.replace(",", " ").split())
-    names = {n for p in params if p.param_type_name == "option" and not getattr(p, "hidden", False)
-             for n in [*p.opts, *p.secondary_opts]}
-    assert names <= words and (names or command == "models"), sorted(names - words)
+    params = [p for p in (group.commands[command] if command else group).params if not getattr(p, "hidden", False)]
+    assert params or command == "models"
+    for p in params:
+        if p.param_type_name == "option":
+            shown = ", ".join(p.opts) + (f" / {', '.join(p.secondary_opts)}" if p.secondary_opts else "")
+            if p.metavar and not p.is_flag:
+                shown += f" {p.metavar}"
+        else:
+            shown = p.metavar + ("..." if p.nargs != 1 else "")
+        assert any(line == shown or line.startswith(shown + "  ") for line in lines), (shown, out)
+    assert any(line.startswith(("-h, --help  ", "--help, -h  ")) for line in lines)  # (one row, as click orders them)
+    if command in ("audit", "plan"):
+        assert f"Usage: kvaudit {command} [MODEL] [OPTIONS]" in out
 
 
 def test_the_screenshot_is_the_headline_at_80_columns_made_again_by_its_script():

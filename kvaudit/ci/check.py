@@ -37,6 +37,8 @@ class CellResult:
     share one plan, so the time is split evenly among them)."""
     report: int | None
     """Index of the report of the cell's deployment in ``CheckResult.reports``."""
+    finding: str | None = None
+    """The audit's verdict in a few words (``AuditResult.finding``): ``4.00×``, ``1.00×, 24 layers got 0 B``."""
 
     @property
     def as_expected(self) -> bool:
@@ -96,10 +98,11 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
                progress: Progress | None = None) -> CheckResult:
     """Plan each deployment of the matrix once with vLLM (imported once, in this process) and audit
     every strategy of its cells; ``meter`` overrides the policy's meters."""
-    from kvaudit.measure import audit as core
+    import kvaudit.measure.audit  # noqa: F401 - torch, before any cell (a missing torch is one line, not 84 cells)
     from kvaudit.measure.meters import select_meter
-    from kvaudit.measure.utilization import for_report
+    from kvaudit.measure.utilization import audit_stage
     from kvaudit.model.deployment import load_model
+    from kvaudit.model.options import DeploymentOptions
     from kvaudit.plan.planner import deploy, vllm_version
     from kvaudit.strategies.resolve import resolve_strategy
 
@@ -127,28 +130,23 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
                 meters[name] = select_meter(name, device_index)
             m = meters[name]
             spec, preset = load_model(first.preset, first.config)
-            options = dict(first.options)
-            ranks = [options["pp_rank"]] if options.get("pp_rank") is not None else range(max(1, options.get("pp", 1)))
+            options = DeploymentOptions.of(dict(first.options))
+            ranks = [options.pp_rank] if options.pp_rank is not None else range(max(1, options.pp))
             stages = [deploy(spec, preset, options, rank) for rank in ranks]
         except KvauditError as e:
             results += _unmeasured(policy, cells, e, time.perf_counter() - t0)
             continue
         for dep in stages:
             t_stage = time.perf_counter()
-            chosen = [strategies[c.strategy] for c in cells]
-            skipped: list[tuple[str, str]] = []
             try:
-                audits = tuple(core.audit_all(dep, chosen, m, first.tolerance, skipped))
+                rep = audit_stage(dep, [strategies[c.strategy] for c in cells], m, first.tolerance, vllm_version())
             except KvauditError as e:
                 results += _unmeasured(policy, cells, e, time.perf_counter() - t0)
                 break
-            caps, safe = for_report(dep, list(audits), chosen)
-            reports.append(Report(deployment=dep, audits=audits, meter=m.name, meter_device=m.describe(),
-                                  vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
-                                  safe_utilization=safe))
+            reports.append(rep)
             share = (time.perf_counter() - (t0 if dep is stages[0] else t_stage)) / len(cells)
-            by_name = {a.strategy: a for a in audits}
-            why_not = dict(skipped)
+            by_name = {a.strategy: a for a in rep.audits}
+            why_not = dict(rep.skipped)
             for c in cells:
                 stage_cell = c if len(stages) == 1 else _at_stage(c, dep.pp_rank)
                 audited_as = strategies[c.strategy].name  # vllm-ascend=. is audited as vllm-ascend=<folder name>
@@ -159,7 +157,7 @@ def run_policy(policy: Policy, meter: str | None = None, device_index: int = 0,
                 else:
                     results.append(CellResult(stage_cell, PASS if a.verdict is Verdict.PASS else FAIL,
                                               "; ".join(a.reasons), a.ratio, a.expected_bytes, a.allocated_bytes,
-                                              share, len(reports) - 1))
+                                              share, len(reports) - 1, a.finding))
     if progress:
         progress(len(groups), len(groups), "done")
     return CheckResult(policy=str(policy.path), vllm_version=vllm_version(), results=tuple(results),
@@ -221,7 +219,9 @@ def _status(r: CellResult) -> str:
 
 
 def render(result: CheckResult) -> list[Any]:
-    """The matrix as a rich table: one row per cell, then the counts."""
+    """The matrix as a grid of deployments × strategies, each cell's outcome and finding (red where it is not what
+    the policy expects), then a line for each cell with something to say: a failure, a cell not audited, an error,
+    an outcome other than the policy's; the counts are the summary line's."""
     from rich.markup import escape as e
     from rich.table import Table
     from rich.text import Text
@@ -230,17 +230,36 @@ def render(result: CheckResult) -> list[Any]:
     from kvaudit.report.tables import fitted
 
     meters = sorted({result.reports[r.report].meter for r in result.results if r.report is not None})
-    table = Table(title=e(f"kvaudit check {result.policy}: planned by vLLM {result.vllm_version}; meter "
-                          f"{', '.join(meter_label(m) for m in meters) or 'none'}"), title_justify="left")
-    for col in ("cell", "strategy", "outcome", "ratio", "result", "reason"):
-        table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold")
+    strategies = list(dict.fromkeys(r.cell.strategy for r in result.results))
+    by_label: dict[str, dict[str, CellResult]] = {}
     for r in result.results:
-        style = "green" if r.as_expected else "bold red"
-        table.add_row(e(r.cell.label), e(r.cell.strategy), r.outcome.upper(),
-                      f"{r.ratio:.2f}×" if r.ratio is not None else "—", Text(_status(r), style=style),
-                      e("" if r.outcome == PASS and r.as_expected else
-                        r.cell.why if r.as_expected and r.cell.why else r.reason))
-    return [fitted(table, wrap=("cell", "reason"))]
+        by_label.setdefault(r.cell.label, {})[r.cell.strategy] = r
+    grid = Table(title=e(f"kvaudit check {result.policy}: planned by vLLM {result.vllm_version}; meter "
+                         f"{', '.join(meter_label(m) for m in meters) or 'none'}"), title_justify="left",
+                 caption="green: as the policy expects; red and !: not (why below)", caption_justify="left")
+    grid.add_column("deployment", overflow="fold")
+    for name in strategies:
+        grid.add_column(e(name), justify="left", overflow="fold")
+    for label, cells in by_label.items():
+        grid.add_row(e(label), *(_mark(cells[name]) if name in cells else Text("") for name in strategies))
+    out: list[Any] = [fitted(grid, wrap=("deployment", *(e(name) for name in strategies)))]
+    for r in result.results:
+        if not (r.outcome == PASS and r.as_expected):
+            out.append(Text.assemble("• ", (f"{r.cell.label} · {r.cell.strategy}: ", "bold"),
+                                     (_status(r), "green" if r.as_expected else "bold red"), ": ",
+                                     r.cell.why if r.as_expected and r.cell.why else r.reason))
+    return out
+
+
+def _mark(r: CellResult) -> Any:
+    """A cell of the grid: the outcome, and for a failure what failed (``FAIL 4.00×``, ``FAIL 24 layers got 0 B``);
+    a PASS is within the tolerance of the plan."""
+    from rich.text import Text
+
+    word = {PASS: "PASS", FAIL: "FAIL", NOT_AUDITED: "not audited", ERROR: "ERROR"}.get(r.outcome, r.outcome.upper())
+    said = "" if r.outcome == PASS else r.finding or (f"{r.ratio:.2f}×" if r.ratio is not None else "")
+    return Text(" ".join(filter(None, [word, said, "" if r.as_expected else "!"])),
+                style="green" if r.as_expected else "bold red")
 
 
 def summary_line(result: CheckResult) -> str:

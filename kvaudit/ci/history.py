@@ -121,8 +121,47 @@ def _pr_for(version: str) -> str | None:
     return ERA_PRS.get(version)
 
 
+CHART_BAR = 24
+"""Characters of the longest bar of the step chart (the highest ratio)."""
+
+
+def chart(rows: list[Row]) -> Any:
+    """The ratio release by release as a step chart: one bar per run of consecutive releases with the same ratio and
+    verdict (``0.9.0 – 0.11.0 (12)  ████████████  4.00× FAIL``), a run not audited without a bar; ``None`` for no
+    audited release."""
+    from rich.console import Group
+    from rich.markup import escape as e
+    from rich.table import Table
+    from rich.text import Text
+
+    top = max((r.ratio for r in rows if r.ratio is not None), default=None)
+    if not top:
+        return None
+    runs: list[list[Row]] = []
+    for r in rows:
+        if runs and (runs[-1][0].ratio is None) == (r.ratio is None) and runs[-1][0].verdict == r.verdict and (
+                r.ratio is None or round(runs[-1][0].ratio, 2) == round(r.ratio, 2)):
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    t = Table.grid(padding=(0, 1))
+    for justify in ("left", "left", "right", "left"):
+        t.add_column(justify=justify, no_wrap=True)
+    for run in runs:
+        first, last = run[0], run[-1]
+        releases = e(first.version if len(run) == 1 else f"{first.version} – {last.version} ({len(run)})")
+        if first.ratio is None:
+            t.add_row(releases, Text("not audited", style="dim"), "", "")
+            continue
+        style = "green" if first.verdict == "PASS" else "red"
+        t.add_row(releases, Text("█" * max(1, round(first.ratio / top * CHART_BAR)), style=style),
+                  f"{first.ratio:.2f}×", Text(first.verdict, style=style))
+    return Group(Text("Allocated / planned, release by release (each bar a run of equal ratios)", style="italic"), t)
+
+
 def render(rows: list[Row], head: str) -> list[Any]:
-    """The rows as a table under ``head``: each release's ratio, storages and verdict, and where it changed."""
+    """The step chart (``chart``), then the rows as a table under ``head``: each release's ratio, storages and
+    verdict, and where it changed."""
     from rich.markup import escape as e
     from rich.table import Table
     from rich.text import Text
@@ -138,4 +177,7 @@ def render(rows: list[Row], head: str) -> list[Any]:
             change += ("; " if change else "") + f"planned with ×{r.kv_budget_scale:.2f} of the budget (its worker)"
         t.add_row(e(r.version), f"{r.ratio:.2f}×" if r.ratio is not None else "—",
                   f"{r.storages}" if r.storages is not None else "—", e(r.verdict), e(change))
-    return [fitted(t, wrap=("change",))] if rows else [Text(head)]
+    if not rows:
+        return [Text(head)]
+    steps = chart(rows)
+    return [fitted(t, wrap=("change",)), *([Text(""), steps] if steps is not None else [])]

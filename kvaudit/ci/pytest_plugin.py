@@ -160,12 +160,13 @@ class _Session:
         hit = self.plans.get(o.plan_key)
         if hit is None:
             from kvaudit.model.deployment import load_model
+            from kvaudit.model.options import DeploymentOptions
             from kvaudit.plan.planner import build_plan, deploy
 
             try:
                 spec, preset = load_model(o.preset, None if o.preset else o.model)
-                pp_rank = o.deployment.get("pp_rank", 0)
-                d = deploy(spec, preset, {k: v for k, v in o.deployment.items() if k != "pp_rank"}, pp_rank)
+                options = DeploymentOptions.of(o.deployment)
+                d = deploy(spec, preset, options, options.pp_rank or 0)
                 hit = (d, build_plan(d, o.platform))
                 self.builds += 1
             except KvauditError as e:
@@ -376,8 +377,8 @@ def kvaudit_audit(request: pytest.FixtureRequest) -> Callable[..., AuditResult]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(percent={DEFAULT_PERCENT:g}, *, model='{DEFAULT_MODEL}', util=0.9, tp=None, meter='meta', "
-        "kv_transfer=False, ...): fail the test unless every allocator it hands to kvaudit_plan.audit() allocates "
+        f"{MARKER}(percent={DEFAULT_PERCENT:g}, *, model='{DEFAULT_MODEL}', util=None (vLLM's default), tp=None, "
+        "meter='meta', kv_transfer=False, ...): fail the test unless every allocator it hands to kvaudit_plan.audit() allocates "
         "vLLM's KV-cache plan for that deployment within percent % (kvaudit's verdict)")
 
 

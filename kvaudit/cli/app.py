@@ -42,9 +42,9 @@ COMMANDS = tuple(c.NAME for c in (audit, plan, check, compare, models, triage, h
 
 def build_app() -> typer.Typer:
     """The typer application: the commands, one shortcut per preset, shell completion."""
-    from kvaudit.report.tables import keep_option_names_whole
+    from kvaudit.cli import help
 
-    keep_option_names_whole()
+    help.install()
     app = typer.Typer(name="kvaudit", help=DESCRIPTION, add_completion=True, rich_markup_mode="rich",
                       context_settings={"help_option_names": ["--help", "-h"]}, pretty_exceptions_enable=False)
 
@@ -68,13 +68,15 @@ def build_app() -> typer.Typer:
 
 def _command(app: typer.Typer, command: Any) -> None:
     """Register a command module (``NAME``, ``OPTIONS``, ``HELP``, ``DESCRIPTION``, ``run``)."""
-    _register(app, command.NAME, command.run, command.OPTIONS, command.HELP, description=command.DESCRIPTION)
+    _register(app, command.NAME, command.run, command.OPTIONS, command.HELP, description=command.DESCRIPTION,
+              usage=getattr(command, "USAGE", "[OPTIONS]"))
 
 
 def _register(app: typer.Typer, name: str, body: Callable[[Any], int], options: tuple[Opt, ...], help: str,
-              panel: str = "Commands", fixed: dict | None = None, description: str | None = None) -> None:
+              panel: str = "Commands", fixed: dict | None = None, description: str | None = None,
+              usage: str = "[OPTIONS]") -> None:
     """Register ``body(namespace) -> exit code`` as command ``name`` taking ``options`` (``fixed``: values
-    the command sets itself, as a preset's name)."""
+    the command sets itself, as a preset's name; ``usage``: what its usage line shows after its name)."""
 
     def command(**values: Any) -> int:
         try:
@@ -85,7 +87,8 @@ def _register(app: typer.Typer, name: str, body: Callable[[Any], int], options: 
     command.__signature__ = inspect.Signature([o.parameter() for o in options])  # type: ignore[attr-defined]
     command.__doc__ = description or help
     command.__name__ = name.replace("-", "_").replace(".", "_")
-    app.command(name, help=description or help, short_help=help, rich_help_panel=panel)(command)
+    app.command(name, help=description or help, short_help=help, rich_help_panel=panel,
+                options_metavar=usage)(command)
 
 
 class _Raised(Exception):
@@ -129,6 +132,12 @@ def _invoke(argv: list[str]) -> int:
         code = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
     except _Raised as e:  # raised below, outside this handler, so that its own cause and context stay its own
         raised = e.raised
+    except ex.NoSuchOption as e:  # click lists every option near it; here the nearest one, if any is near
+        where = e.ctx.command_path.partition(" ")[2] if e.ctx is not None else ""
+        known = [n for p in (e.ctx.command.params if e.ctx is not None else []) for n in (*p.opts, *p.secondary_opts)
+                 if n.startswith("-")]
+        raise UsageError((f"{where}: " if where else "") + f"No such option: {e.option_name}"
+                         + did_you_mean(e.option_name, known)) from None
     except ex.UsageError as e:  # click's usage errors: several lines with the usage; here one, naming the command
         where = e.ctx.command_path.partition(" ")[2] if e.ctx is not None else ""
         raise UsageError((f"{where}: " if where else "") + e.format_message()) from None

@@ -13,8 +13,12 @@ from kvaudit.results import check_tolerance
 
 NAME = "audit"
 OPTIONS = (*MODEL_OPTIONS, PLAN_FILE, *AUDIT_OPTIONS)
+USAGE = "[MODEL] [OPTIONS]"
+"""MODEL: a preset's name, a Hub id, a model folder or a config.json (``--preset`` or ``--model`` made explicit by
+``kvaudit.cli.app``)."""
 HELP = "Audit a model (--model: a Hub id, a folder, a config.json) or a preset (--preset)."
-DESCRIPTION = "Audit the KV-cache allocation of a model config under each strategy."
+DESCRIPTION = ("Audit the KV-cache allocation of a model under each strategy. MODEL: a shipped model's name, a Hub id "
+               "(org/name), a model folder or a config.json (the same as --preset or --model).")
 
 
 def run(a: Any) -> int:
@@ -25,23 +29,14 @@ def run(a: Any) -> int:
         return _saved_plan_audit(a)
     spec, p = deployments.model(a)  # (a config that is not one is told before the slow step)
     with step(BUILDING):
-        from kvaudit.measure import audit as core
-        from kvaudit.measure.utilization import for_report
+        from kvaudit.measure.utilization import audit_stage
         from kvaudit.plan.planner import vllm_version
-        from kvaudit.results import Report
 
         strategies, broken, meter = _strategies_and_meter(a)
         stages = [deployments.deployment(a, spec, p, rank) for rank in deployments.pp_ranks(a)]
     note(f"kvaudit: planning with vLLM {vllm_version()} and auditing {len(strategies)} "
          f"strategies on the {meter.name} meter" + (f", {len(stages)} pipeline stages" if len(stages) > 1 else ""))
-    reports = []
-    for dep in stages:
-        skipped: list[tuple[str, str]] = list(broken)
-        audits = tuple(core.audit_all(dep, strategies, meter, a.tolerance, skipped))
-        caps, safe = for_report(dep, list(audits), strategies)
-        reports.append(Report(deployment=dep, audits=audits, meter=meter.name, meter_device=meter.describe(),
-                              vllm_version=vllm_version(), skipped=tuple(skipped), capacity=caps,
-                              safe_utilization=safe))
+    reports = [audit_stage(dep, strategies, meter, a.tolerance, vllm_version(), broken) for dep in stages]
     render_reports(reports, Format(a.fmt), Detail(a.detail))
     write_pages(a, reports)
     summarize(reports)
@@ -60,8 +55,8 @@ def _saved_plan_audit(a: Any) -> int:
     saved = planfile.load(a.plan)  # bad input is reported before anything needs torch
 
     with step(TORCH):
-        from kvaudit.measure import audit as core
-        from kvaudit.results import Report
+        import kvaudit.measure.audit  # noqa: F401 - torch, imported in the step this note names (or said missing)
+        from kvaudit.measure.utilization import audit_stage
 
         strategies, broken, meter = _strategies_and_meter(a)
     stages = [st for st in saved.stages if a.pp_rank is None or st.deployment.pp_rank == a.pp_rank]
@@ -70,16 +65,8 @@ def _saved_plan_audit(a: Any) -> int:
                          f"{', '.join(str(st.deployment.pp_rank) for st in saved.stages)}")
     note(f"kvaudit: auditing {len(strategies)} strategies on the {meter.name} meter against {saved.path.name} "
          f"(planned by vLLM {saved.vllm_version})")
-    reports = []
-    for st in stages:
-        skipped: list[tuple[str, str]] = list(broken)
-        audits = tuple(core.audit_all(st.deployment, strategies, meter, a.tolerance, skipped,
-                                      plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)))
-        caps = {r.plan.name: st.capacity[r.plan.name] for r in audits}
-        safe = {r.strategy: st.safe_utilization[r.strategy] for r in audits if r.strategy in st.safe_utilization}
-        reports.append(Report(deployment=st.deployment, audits=audits, meter=meter.name,
-                              meter_device=meter.describe(), vllm_version=saved.vllm_version,
-                              skipped=tuple(skipped), capacity=caps, safe_utilization=safe))
+    reports = [audit_stage(st.deployment, strategies, meter, a.tolerance, saved.vllm_version, broken, saved=st,
+                           plan_for=lambda s, st=st: planfile.plan_for(st, s, saved.path)) for st in stages]
     render_reports(reports, Format(a.fmt), Detail(a.detail))
     write_pages(a, reports)
     summarize(reports)

@@ -21,6 +21,7 @@ def pp_ranks(a: Any) -> list[int]:
 
 def deployment(a: Any, spec: Any, p: Any, pp_rank: int = 0) -> Any:
     """The deployment the options describe, resolved by vLLM (``kvaudit.plan.planner.deploy``)."""
+    from kvaudit.model.options import DeploymentOptions
     from kvaudit.plan.planner import deploy
 
-    return deploy(spec, p, vars(a), pp_rank)
+    return deploy(spec, p, DeploymentOptions.of(a), pp_rank)

@@ -6,13 +6,14 @@ import sys
 from typing import Any
 
 from kvaudit.cli import deployments
-from kvaudit.cli.options import DEPLOYMENT_OPTIONS, FORMAT, MODEL_ARGUMENT, REVISION, SINCE, TRUST_REMOTE_CODE
-from kvaudit.cli.output import note, show
+from kvaudit.cli.options import (DEPLOYMENT_OPTIONS, FORMAT, HTML, MODEL_ARGUMENT, REVISION, SINCE, SVG,
+                                 TRUST_REMOTE_CODE)
+from kvaudit.cli.output import check_outputs, note, page_hint, show, write_text_pages
 from kvaudit.errors import UsageError
 from kvaudit.model.deployment import PRESETS
 
 NAME = "history"
-OPTIONS = (MODEL_ARGUMENT, REVISION, TRUST_REMOTE_CODE, SINCE, *DEPLOYMENT_OPTIONS, FORMAT)
+OPTIONS = (MODEL_ARGUMENT, REVISION, TRUST_REMOTE_CODE, SINCE, *DEPLOYMENT_OPTIONS, FORMAT, HTML, SVG)
 HELP = "Audit every published vllm-ascend release's own code on one model: where it changed."
 DESCRIPTION = ("Audit every published vllm-ascend release's own KV-cache allocation code (from its sdist, "
                "fetched once into the cache) on one deployment, in one process, on the meta meter: one row "
@@ -24,9 +25,10 @@ def run(a: Any) -> int:
     """Every published vllm-ascend release's own allocation code on one deployment; table or JSON."""
     import json
 
-    from kvaudit.ci.history import history, published
+    from kvaudit.ci.history import history, published, render
     from kvaudit.plan.planner import vllm_version
 
+    check_outputs(a.html, a.svg)
     a.preset, a.config = (a.model, None) if a.model in PRESETS else (None, a.model)
     spec, p = deployments.model(a)
     d = deployments.deployment(a, spec, p)
@@ -36,15 +38,16 @@ def run(a: Any) -> int:
     note(f"kvaudit: auditing {len(versions)} vllm-ascend releases from {source} on the meta meter, planned by "
          f"vLLM {vllm_version()} (first fetch of each sdist takes a few seconds)")
     rows = history(d, versions, progress=lambda v: note(f"  {v}"))  # (in a CI log too: a cold run takes minutes)
+    head = (f"{spec.name}: TP {d.tp}, util {d.gpu_memory_utilization}, planned by vLLM {vllm_version()}, meter "
+            "meta (accounting, not a device measurement)")
     if a.fmt == "json":
         doc = {"model": spec.name, "deployment": d.to_dict(), "planned_with_vllm": vllm_version(),
                "meter": "meta", "releases": [r.to_dict() for r in rows]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        from kvaudit.ci.history import render
-
-        show(render(rows, f"{spec.name}: TP {d.tp}, util {d.gpu_memory_utilization}, planned by vLLM "
-                          f"{vllm_version()}, meter meta (accounting, not a device measurement)"))
+        show(render(rows, head))
+        page_hint(a)
+    write_text_pages(a, render(rows, head), f"kvaudit history {spec.name}", head)
     audited = [r for r in rows if r.ratio is not None]
     return 1 if any(r.verdict == "FAIL" for r in audited) and audited[-1].verdict == "FAIL" else (
         0 if audited else 3)

@@ -8,6 +8,7 @@ from kvaudit.cli.options import NAMES
 from kvaudit.cli.output import PRESETS_BUILT, show, step
 from kvaudit.errors import ConfigError
 from kvaudit.model.deployment import PRESETS
+from kvaudit.model.memory import default_gpu_memory_utilization
 
 NAME = "models"
 OPTIONS = (NAMES,)
@@ -41,8 +42,9 @@ def _rows(a: Any, rows: list) -> None:
             continue
         spec = load_preset_spec(p)
         try:  # the layer mix needs vLLM's model for the rank, not a KV budget (kimi-k2 has none at 0.9): one given
-            d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len, gpu_memory_utilization=0.9,
-                                device=p.device, kv_cache_memory_bytes=1 << 30)
+            d = make_deployment(spec, tp=p.tp, max_model_len=p.max_model_len,
+                                gpu_memory_utilization=default_gpu_memory_utilization(None), device=p.device,
+                                kv_cache_memory_bytes=1 << 30)
             architecture, mix, why = d.architecture, layer_mix(d), ""
         except ConfigError as e:  # a model this vLLM cannot build here: its row says why, the others still list
             architecture, mix, why = spec.architecture or "?", "—", f"  (not built here: {e.message})"

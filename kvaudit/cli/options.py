@@ -58,7 +58,9 @@ SVG = Opt("svg", Optional[str], None, ("--svg",), "Also write the report as one 
 CONFIG = Opt("config", Optional[str], None, ("--model", "--config"),
              "The model as vLLM takes it: a Hub id (org/name), a model folder, or a config.json.", MODEL)
 
-PRESET = Opt("preset", Optional[str], None, ("--preset",), f"A shipped model: {', '.join(PRESETS)}.", MODEL)
+PRESET = Opt("preset", Optional[str], None, ("--preset",),
+             "A shipped model by its name ('kvaudit models' lists them; each is a command too: kvaudit qwen3-next).",
+             MODEL)
 
 REVISION = Opt("revision", Optional[str], None, ("--revision",),
                "The Hub revision of --model: a branch, tag or commit (vLLM's --revision).", MODEL)

@@ -106,6 +106,7 @@ def write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
     """``--html`` / ``--svg``: the report as a page and as an image, for a person without a terminal
     (``page_options``: the page's title, lead line and preface, as ``check`` sets them)."""
     if not (a.html or a.svg):
+        page_hint(a)
         return
     from kvaudit.report import page
 
@@ -114,6 +115,26 @@ def write_pages(a: Any, reports: list[Any], **page_options: Any) -> None:
                        (a.svg, page.to_svg(reports, detail=detail, **page_options) if a.svg else "")):
         if path:
             write(path, text)
+
+
+def write_text_pages(a: Any, renderables: list[Any], title: str, lead: str) -> None:
+    """``--html`` / ``--svg`` of a command whose report is its terminal output (``history``, ``compare``): that output
+    as a page and as an image, under ``title`` and ``lead`` (its summary)."""
+    if not (a.html or a.svg):
+        return
+    from kvaudit.report import page
+
+    for path, text in ((a.html, page.to_html([], title, lead=lead, preface=renderables) if a.html else ""),
+                       (a.svg, page.to_svg([], title, lead=lead, preface=renderables) if a.svg else "")):
+        if path:
+            write(path, text)
+
+
+def page_hint(a: Any) -> None:
+    """On a terminal, when no page was asked for, one line saying how to have the report as a page."""
+    if sys.stdout.isatty() and sys.stderr.isatty() and not (getattr(a, "html", None) or getattr(a, "svg", None)) \
+            and getattr(a, "fmt", "table") in ("table", Format.table):
+        note("kvaudit: the same report as a page: --html report.html (bars and tables), or --svg report.svg")
 
 
 def check_outputs(*paths: str | None) -> None:

@@ -12,6 +12,8 @@ from kvaudit.cli.output import BUILDING, check_outputs, note, show, step
 
 NAME = "plan"
 OPTIONS = (*MODEL_OPTIONS, SAVE, *AUDIT_OPTIONS[:-2])
+USAGE = "[MODEL] [OPTIONS]"
+"""MODEL: as ``kvaudit audit MODEL`` takes it."""
 HELP = "Plan only: capacity as vLLM logs it, Mamba slots, --kv-cache-memory, safe util."
 DESCRIPTION = ("Plan with vLLM's own model and planner, allocate nothing: KV-cache tokens and concurrency "
                "as vLLM computes and logs them, Mamba slots against max_num_seqs, the --kv-cache-memory "

@@ -181,8 +181,8 @@ def _judge(d: Deployment, plan: KVPlan, strategy: Strategy, meter: Meter, tolera
     if split:
         worst = max(split, key=lambda t: t.allocated / t.expected)
         reasons.append(f"{len(split)} of {len(tensors)} shared tensors split into private buffers (tensor "
-                       f"{worst.tensor}: {worst.storages} storages for {len(worst.shared_by)} layers, "
-                       f"{worst.allocated / worst.expected:.2f}× its size)")
+                       f"{worst.tensor}: planned as one storage its {len(worst.shared_by)} layers share, given "
+                       f"{worst.storages} storages with {worst.allocated / worst.expected:.2f}× its bytes)")
 
     over, under = allocated - expected, expected - allocated
     if device_oom is not None:

@@ -1,6 +1,7 @@
 """Per strategy, the highest ``gpu_memory_utilization`` whose allocation still fits the device: vLLM plans
-each candidate and the strategy allocates it on ``meta`` (a dry-run audit); and ``kvaudit plan``'s stage,
-which reports it beside each plan's capacity."""
+each candidate and the strategy allocates it on ``meta`` (a dry-run audit); ``kvaudit plan``'s stage, which
+reports it beside each plan's capacity; and an audit's stage (``audit_stage``), the one assembly of a ``Report``
+that ``audit``, ``audit --plan`` and ``check`` share."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from kvaudit.model.deployment import Deployment
 from kvaudit.plan.capacity import Capacity, capacity
-from kvaudit.results import KVPlan, PlanStage
+from kvaudit.results import KVPlan, PlanStage, Report
 
 
 def projected_bytes(d: Deployment, strategy: Any) -> int:
@@ -61,6 +62,26 @@ def highest_safe_utilization(d: Deployment, strategy: Any, step: float = 0.001,
     while fits((k + 1) * step):
         k += 1
     return round(k * step, 6)
+
+
+def audit_stage(d: Deployment, strategies: list[Any], meter: Any, tolerance: float, vllm_version: str | None,
+                broken: list[tuple[str, str]] | tuple = (), saved: PlanStage | None = None,
+                plan_for: Any = None) -> Report:
+    """One pipeline stage's report: every strategy audited under ``meter`` against vLLM's plan (or the saved plan
+    ``plan_for`` gives it), each plan's capacity and each strategy's highest safe utilization (computed here, or
+    ``saved``'s: the stage read from a plan file), and the strategies not audited with why (``broken``: those
+    that could not even be loaded)."""
+    from kvaudit.measure.audit import audit_all
+
+    skipped: list[tuple[str, str]] = list(broken)
+    audits = tuple(audit_all(d, strategies, meter, tolerance, skipped, plan_for=plan_for))
+    if saved is None:
+        caps, safe = for_report(d, list(audits), strategies)
+    else:
+        caps = {r.plan.name: saved.capacity[r.plan.name] for r in audits}
+        safe = {r.strategy: saved.safe_utilization[r.strategy] for r in audits if r.strategy in saved.safe_utilization}
+    return Report(deployment=d, audits=audits, meter=meter.name, meter_device=meter.describe(),
+                  vllm_version=vllm_version, skipped=tuple(skipped), capacity=caps, safe_utilization=safe)
 
 
 def for_report(d: Deployment, results: list[Any],

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.errors import UsageError
+from kvaudit.model.vllm_modules import module
 from kvaudit.model.spec import EXPERT_COUNTS
 from kvaudit.units import GiB, MiB
 from kvaudit.versions import version_key
@@ -84,6 +85,25 @@ GRAPH_ESTIMATE_FROM = "0.20.0"
 (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20.0; the estimate came with PR #30515 in
 0.18.0, off by default; vLLM's own log line says "default since v0.21.0"). vllm-ascend subtracts no graph memory
 (only v0.21.0rc1 and v0.22.1rc1 did, PR #9865, reverted by #11562)."""
+
+
+UTILIZATION_DEFAULTS = (("0.20.0", 0.9), (None, 0.92))
+"""vLLM's default ``gpu_memory_utilization`` by era (first release not in it, default): ``CacheConfig`` in
+``vllm/config/cache.py`` declares 0.9 up to 0.19.1 and 0.92 from 0.20.0 (read in both sdists); ``EngineArgs`` and
+so ``--gpu-memory-utilization`` take it from there. The one place kvaudit states it."""
+
+
+def default_gpu_memory_utilization(release: str | None) -> float:
+    """vLLM's default ``gpu_memory_utilization`` in ``release`` (the newest era's where the release is unknown or is
+    not a version: a report's "72b启动失败")."""
+    known = release is not None and len(version_key(str(release))) > 1
+    return float(_era(UTILIZATION_DEFAULTS, str(release)) if known else UTILIZATION_DEFAULTS[-1][1])
+
+
+def default_utilization_text() -> str:
+    """vLLM's default utilization in words, every era: ``0.92 (0.9 before vLLM 0.20.0)``."""
+    (first, old), (_, new) = UTILIZATION_DEFAULTS
+    return f"{new:g} ({old:g} before vLLM {first})"
 
 
 def _era(eras: tuple, release: str) -> object:
@@ -202,8 +222,7 @@ def non_torch(vc: Any, platform: str) -> Term:
 def capture_sizes(vc: Any, max_capture: int | None = None) -> list[int]:
     """The batch sizes vLLM captures CUDA graphs for, by vLLM's own ``VllmConfig._set_cudagraph_sizes`` as a CUDA
     host runs it (this host's platform turns graphs off), up to ``--max-cudagraph-capture-size`` where given."""
-    from vllm.config import CUDAGraphMode
-
+    CUDAGraphMode = module("vllm.config").CUDAGraphMode
     if vc.model_config.enforce_eager:
         return []
     cc = vc.compilation_config
@@ -274,8 +293,7 @@ def mm_limits(mc: Any, supported: bool = False) -> dict[str, Any] | None:
     (``allowed_mm_limits``, with ``--limit-mm-per-prompt`` applied; ``supported``: the model's own
     ``supported_mm_limits``), or ``None`` where that info cannot be made without the model's tokenizer or processor
     files (Kimi-K2.5's asks its tokenizer), which a config alone does not have."""
-    from vllm.multimodal import MULTIMODAL_REGISTRY
-
+    MULTIMODAL_REGISTRY = module("vllm.multimodal").MULTIMODAL_REGISTRY
     try:
         info = MULTIMODAL_REGISTRY.get_processing_info(mc)
         return dict(info.supported_mm_limits if supported else info.allowed_mm_limits)

@@ -3,13 +3,16 @@ pytest plugin all take them (``kvaudit.plan.planner.deploy`` turns them into a d
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 import typing
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any, Optional
 
 from kvaudit.model.deployment import DEVICES
+from kvaudit.model.memory import default_utilization_text
 
 @dataclass(frozen=True)
 class Opt:
@@ -29,19 +32,32 @@ class Opt:
         """The typed parameter typer builds the option from."""
         import typer
 
-        info = (typer.Argument(help=self.help, show_default=False) if self.argument else
-                typer.Option(*self.decls, help=self.help, rich_help_panel=self.panel,
+        info = (typer.Argument(help=self.help, show_default=False, metavar=self.name.upper()) if self.argument else
+                typer.Option(*self.decls, help=self.help, rich_help_panel=self.panel, metavar=self.metavar(),
                              show_default=self.default not in (None, False, [])))
         return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
                                  annotation=Annotated[self.type, info])
+
+    def metavar(self) -> str | None:
+        """The value the option takes, as help screens show it: ``INT``, ``FLOAT``, ``TEXT``, an enum's choices
+        (``table|json``); ``None`` for a flag (it takes none)."""
+        t = self.type
+        if typing.get_origin(t) in (typing.Union, types.UnionType):
+            t = next(a for a in typing.get_args(t) if a is not type(None))
+        t = typing.get_args(t)[0] if typing.get_origin(t) is list else t
+        if t is bool:
+            return None
+        if isinstance(t, type) and issubclass(t, Enum):
+            return "|".join(m.value for m in t)
+        return {int: "INT", float: "FLOAT"}.get(t, "TEXT")
 
 
 MODEL, DEPLOY, AUDIT, OUTPUT = "Model", "Deployment (vLLM's flags)", "Audit", "Output"
 
 DEPLOYMENT_OPTIONS = (
     Opt("vllm_python", Optional[str], None, ("--vllm-python",),
-        "Plan (and audit) with the vLLM of another environment: its python, with torch, vLLM and rich installed "
-        "(e.g. the vLLM a vllm-ascend release pins); kvaudit runs there.", DEPLOY),
+        "Plan and audit with another environment's python and its vLLM (e.g. the one a vllm-ascend release "
+        "pins); it needs torch, vLLM and rich.", DEPLOY),
     Opt("tp", Optional[int], None, ("--tp", "--tensor-parallel-size"), "Tensor-parallel size (the preset's, else 1).",
         DEPLOY),
     Opt("pp", int, 1, ("--pp", "--pipeline-parallel-size"),
@@ -78,8 +94,8 @@ DEPLOYMENT_OPTIONS = (
         "vLLM's --max-cudagraph-capture-size: the largest batch CUDA graphs are captured for (their memory).", DEPLOY),
     Opt("enforce_eager", bool, False, ("--enforce-eager",), "vLLM's --enforce-eager: no CUDA/ACL graphs.", DEPLOY),
     Opt("compilation_config", Optional[str], None, ("--compilation-config",),
-        "JSON object as vLLM's --compilation-config; kvaudit takes its cudagraph_mode (NONE, PIECEWISE, FULL, "
-        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE: which CUDA graphs take memory) and refuses keys it does not model.",
+        "JSON object as vLLM's --compilation-config: its cudagraph_mode (which CUDA graphs take memory: NONE, "
+        "PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE); other keys are refused.",
         DEPLOY),
     Opt("limit_mm_per_prompt", Optional[str], None, ("--limit-mm-per-prompt",),
         "JSON object as vLLM's --limit-mm-per-prompt (e.g. '{\"image\": 0, \"video\": 0}'): a modality at 0 is "
@@ -96,7 +112,8 @@ DEPLOYMENT_OPTIONS = (
         "MTP draft tokens: the draft model's layers get KV cache too.", DEPLOY),
     Opt("hf_overrides", Optional[str], None, ("--hf-overrides",),
         "JSON object merged into the config, as vLLM's --hf-overrides.", DEPLOY),
-    Opt("util", float, 0.9, ("--util", "--gpu-memory-utilization"), "gpu_memory_utilization, in (0, 1] (as vLLM).",
+    Opt("util", Optional[float], None, ("--util", "--gpu-memory-utilization"),
+        f"gpu_memory_utilization, in (0, 1] (default: the emulated vLLM's, {default_utilization_text()}).",
         DEPLOY),
     Opt("device", Optional[str], None, ("--device",), "Device kind: its memory as torch reports it, its platform, and the "
         f"name and capability vLLM's defaults read ({', '.join(DEVICES)}).", DEPLOY),
@@ -118,6 +135,25 @@ DEPLOYMENT_OPTIONS = (
     Opt("kv_transfer", bool, False, ("--kv-transfer",),
         "A KV-transfer (P/D) deployment: vllm-ascend's 2 MiB-aligned buffers.", DEPLOY),
 )
+
+DeploymentOptions = dataclasses.make_dataclass(
+    "DeploymentOptions", [(o.name, o.type, dataclasses.field(default=o.default)) for o in DEPLOYMENT_OPTIONS],
+    frozen=True, namespace={"__doc__": "The deployment options, typed as ``DEPLOYMENT_OPTIONS`` declares them (vLLM's "
+                                       "flag names; each unset one at its default): what ``kvaudit.plan.planner.deploy`` "
+                                       "takes from the command line, a policy file or a marker.",
+                            "of": classmethod(lambda cls, values: _options_of(cls, values))})
+
+
+def _options_of(cls: Any, values: Any) -> Any:
+    """``DeploymentOptions.of(values)``: the record of a mapping or a namespace (the command line's) of option
+    values; names that are not deployment options (a command's own, as ``--format``) are left out, and ``None``
+    stands for unset where the option has a default."""
+    if isinstance(values, cls):
+        return values
+    given = values if isinstance(values, dict) else vars(values)
+    fields = {o.name: o.default for o in DEPLOYMENT_OPTIONS}
+    return cls(**{k: v for k, v in given.items() if k in fields and not (v is None and fields[k] is not None)})
+
 
 SIZE_OPTIONS = ("device_memory", "weights", "overhead", "kv_cache_memory")
 """Options given as a size: bytes, or text such as ``80GiB``."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from kvaudit.errors import ConfigError, KvauditError, first_line
+from kvaudit.model.vllm_modules import module
 
 
 DEVICE_CAPABILITY: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("DEVICE_CAPABILITY", default=(9, 0))
@@ -79,16 +80,15 @@ class _Modules:
     """The vLLM modules the build uses, imported once."""
 
     def __init__(self) -> None:
-        declare_torchvision_ops()
         self.torch = importlib.import_module("torch")
-        self.config = importlib.import_module("vllm.config")
-        self.ps = importlib.import_module("vllm.distributed.parallel_state")
-        self.loader = importlib.import_module("vllm.model_executor.model_loader.utils")
-        self.torch_utils = importlib.import_module("vllm.utils.torch_utils")
-        self.platforms = importlib.import_module("vllm.platforms")
-        self.backends = importlib.import_module("vllm.v1.attention.backends.registry")
-        self.attn_utils = importlib.import_module("vllm.v1.worker.gpu.attn_utils")
-        self.registry = importlib.import_module("vllm.model_executor.models.registry")
+        self.config = module("vllm.config")
+        self.ps = module("vllm.distributed.parallel_state")
+        self.loader = module("vllm.model_executor.model_loader.utils")
+        self.torch_utils = module("vllm.utils.torch_utils")
+        self.platforms = module("vllm.platforms")
+        self.backends = module("vllm.v1.attention.backends.registry")
+        self.attn_utils = module("vllm.v1.worker.gpu.attn_utils")
+        self.registry = module("vllm.model_executor.models.registry")
 
 
 _MODULES: _Modules | None = None
@@ -101,54 +101,6 @@ def _modules() -> _Modules:
     return _MODULES
 
 
-def declare_torchvision_ops() -> None:
-    """Let a torchvision whose C++ extension cannot load (a CUDA wheel beside a CPU torch) import.
-
-    vLLM's multimodal model files (Qwen3.5, Gemma 3) import transformers' image processors, which
-    import torchvision. torchvision registers fake kernels for ``torchvision::nms`` and ``::qnms``
-    at import, and that fails when its extension did not define them. On the first import of
-    torchvision (a meta-path hook, so models that never import it pay nothing), kvaudit loads the
-    extension itself; only when that fails does it declare the two schemas, which lets torchvision's
-    Python part import. The ops stay unimplemented; nothing kvaudit runs calls them.
-    """
-    if "torchvision" in sys.modules or any(isinstance(f, _TorchvisionHook) for f in sys.meta_path):
-        return
-    sys.meta_path.insert(0, _TorchvisionHook())
-
-
-class _TorchvisionHook:
-    """A meta-path finder that acts once, on the first ``import torchvision``, and finds nothing itself."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name != "torchvision":
-            return None
-        sys.meta_path.remove(self)
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec("torchvision")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        import glob
-        import os
-
-        import torch
-
-        libs = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so"))
-        try:
-            for lib in libs:
-                torch.ops.load_library(lib)
-            if libs:
-                return None
-        except (OSError, RuntimeError):
-            pass
-        global _TORCHVISION_LIB
-        _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
-        for op in ("nms", "qnms"):
-            _TORCHVISION_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        return None
-
-
-_TORCHVISION_LIB: Any = None
 
 
 # --- stand-ins for the platform's kernel choices ------------------------------------------------
@@ -200,7 +152,7 @@ def _cuda_platform() -> Any:
             sys.modules[name] = _module(name)
             stood_in.append(name)
     try:
-        return importlib.import_module("vllm.platforms.cuda")
+        return module("vllm.platforms.cuda")
     finally:
         for name in stood_in:
             sys.modules.pop(name, None)
@@ -216,8 +168,7 @@ def _fresh_backend_choice() -> None:
 
 
 def _capability() -> Any:
-    from vllm.platforms.interface import DeviceCapability
-
+    DeviceCapability = module("vllm.platforms.interface").DeviceCapability
     major, minor = DEVICE_CAPABILITY.get()
     return DeviceCapability(major=major, minor=minor)
 
@@ -306,8 +257,7 @@ def _stand_in_list(v: _Modules) -> list[tuple[Any, str, Any]]:
     out += _quantized_moe_stand_ins()
     kernels = _optional("vllm.model_executor.kernels.linear")
     if kernels is not None:  # the linear-kernel tables: what they list for CUDA
-        from vllm.platforms.interface import PlatformEnum
-
+        PlatformEnum = module("vllm.platforms.interface").PlatformEnum
         for name, table in vars(kernels).items():
             if name.startswith("_POSSIBLE_") and isinstance(table, dict) and PlatformEnum.CUDA in table:
                 out.append((kernels, name, {**table, PlatformEnum.UNSPECIFIED: table[PlatformEnum.CUDA]}))
@@ -470,8 +420,7 @@ def _cuda_kernel_choice(choose: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return choose(config, possible_kernels, *args, **kwargs)
         except ValueError:
-            from vllm.platforms.interface import PlatformEnum
-
+            PlatformEnum = module("vllm.platforms.interface").PlatformEnum
             return _supported_here(possible_kernels[PlatformEnum.CUDA][0])
     return pick
 
@@ -488,8 +437,7 @@ def _cuda_mp_kernel_choice(choose: Callable[..., Any], table: dict) -> Callable[
         try:
             return choose(config, *args, **kwargs)
         except ValueError:
-            from vllm.platforms.interface import PlatformEnum
-
+            PlatformEnum = module("vllm.platforms.interface").PlatformEnum
             return table[PlatformEnum.CUDA][0]
     return pick
 

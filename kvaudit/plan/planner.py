@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import importlib
 import importlib.metadata
-import logging
 import math
 import os
 import shutil
@@ -27,9 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from kvaudit.errors import ConfigError, KvauditError, MissingDependency, NotAuditable, UsageError
+from kvaudit.errors import ConfigError, KvauditError, NotAuditable, UsageError
 from kvaudit.model.deployment import (DEVICES, SERVE_DEFAULTS, USAGE_CONTEXTS, Deployment, Preset,
                                       check_deployment, device_choice)
+from kvaudit.model.memory import default_gpu_memory_utilization
+from kvaudit.model.options import DeploymentOptions
+from kvaudit.model.vllm_modules import CACHE_DIRS, module, quiet_vllm, require_vllm, vllm_version
 from kvaudit.model.spec import ModelSpec, check_config, with_overrides
 from kvaudit.results import GroupPlan, KVPlan, TensorPlan
 from kvaudit.units import fmt_bytes
@@ -59,54 +61,22 @@ class PlatformRule:
     """Whether attention specs get ``page_size_padded = mamba padded page`` (vllm-ascend #6887)."""
 
 
-def vllm_version() -> str | None:
-    """The installed vLLM's version, read from package metadata without importing vLLM."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@contextlib.contextmanager
-def quiet_vllm() -> Iterator[None]:
-    """Keep vLLM's logging and prints off stdout, which belongs to the report."""
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-    if not (os.environ.get("VLLM_CACHE_ROOT") or os.environ.get("XDG_CACHE_HOME")) and not Path.home().is_dir():
-        # vLLM caches its model registry's answers under ~/.cache/vllm, and would make a HOME that does not exist
-        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvaudit-vllm-cache-")
-        _CACHE_DIRS.append(os.environ["VLLM_CACHE_ROOT"])  # (removed with the model folders)
-        atexit.register(shutil.rmtree, os.environ["VLLM_CACHE_ROOT"], True)
-    for name in ("vllm", "torch._library.triton", "transformers"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
 class _Vllm:
     """The vLLM modules the adapter uses, imported once."""
 
     def __init__(self) -> None:
-        if vllm_version() is None:
-            raise MissingDependency("vLLM is not installed in this environment; kvaudit plans with vLLM's own "
-                                    "planner: install vllm (see README: install), or audit a saved plan with "
-                                    "kvaudit audit --plan PLAN.json, which needs only torch")
-        from kvaudit.model.vllm_model import declare_torchvision_ops
-
-        with quiet_vllm():
-            declare_torchvision_ops()  # before transformers looks for torchvision
-            self.config = importlib.import_module("vllm.config")
-            self.iface = importlib.import_module("vllm.v1.kv_cache_interface")
-            try:
-                self.planning = importlib.import_module("vllm.v1.core.kv_cache_planning")
-            except ImportError:  # vLLM <= 0.32
-                self.planning = importlib.import_module("vllm.v1.core.kv_cache_utils")
-            self.kv_cache_utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
-            self.flash_attn = importlib.import_module("vllm.v1.attention.backends.flash_attn")
-            self.backend_utils = importlib.import_module("vllm.v1.attention.backends.utils")
-            self.platform_iface = importlib.import_module("vllm.platforms.interface")
-            self.worker_utils = importlib.import_module("vllm.v1.worker.utils")
+        require_vllm()
+        self.config = module("vllm.config")
+        self.iface = module("vllm.v1.kv_cache_interface")
+        try:
+            self.planning = module("vllm.v1.core.kv_cache_planning")
+        except ImportError:  # vLLM <= 0.32
+            self.planning = module("vllm.v1.core.kv_cache_utils")
+        self.kv_cache_utils = module("vllm.v1.core.kv_cache_utils")
+        self.flash_attn = module("vllm.v1.attention.backends.flash_attn")
+        self.backend_utils = module("vllm.v1.attention.backends.utils")
+        self.platform_iface = module("vllm.platforms.interface")
+        self.worker_utils = module("vllm.v1.worker.utils")
         self.version = vllm_version() or "unknown"
 
 
@@ -226,7 +196,6 @@ PLATFORMS: dict[str, PlatformRule] = {
 # --- vLLM's engine config and model ------------------------------------------------------------------
 
 _MODEL_DIRS: dict[Path, Path] = {}
-_CACHE_DIRS: list[str] = []
 
 
 def _model_dir(config_path: Path) -> Path:
@@ -244,10 +213,10 @@ def _model_dir(config_path: Path) -> Path:
 def remove_temp_dirs() -> None:
     """Remove the model directories made for config files and the distributed group's file store (also done
     at exit)."""
-    for tmp in [*_MODEL_DIRS.values(), *_CACHE_DIRS]:
+    for tmp in [*_MODEL_DIRS.values(), *CACHE_DIRS]:
         shutil.rmtree(tmp, ignore_errors=True)
     _MODEL_DIRS.clear()
-    _CACHE_DIRS.clear()
+    CACHE_DIRS.clear()
     vllm_model = sys.modules.get("kvaudit.model.vllm_model")
     if vllm_model is not None:
         vllm_model.remove_temp_files()
@@ -277,8 +246,7 @@ tokens and sequences); the tiers below it are the same in every release from 0.1
 def _as_device(d: Deployment) -> Iterator[None]:
     """vLLM's platform, asked for the device's memory and name while it picks defaults by them
     (``EngineArgs.get_batch_defaults``), answers with the deployment's device, not this host's."""
-    from vllm.platforms import current_platform
-
+    current_platform = module("vllm.platforms").current_platform
     cls = type(current_platform)
     dev = DEVICES.get(d.device)
     memory = d.device_memory_bytes
@@ -303,8 +271,7 @@ def _graph_mode(mode: Any) -> str | None:
     if mode is None:
         return None
     load_vllm()
-    from vllm.config import CUDAGraphMode
-
+    CUDAGraphMode = module("vllm.config").CUDAGraphMode
     name = str(mode).upper()
     if name not in CUDAGraphMode.__members__:
         raise UsageError(f"--compilation-config: cudagraph_mode {mode!r} is not one of vLLM's "
@@ -346,9 +313,8 @@ def engine_config(d: Deployment) -> Any:
     from kvaudit.model.vllm_model import stand_ins
 
     load_vllm()
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
+    EngineArgs = module("vllm.engine.arg_utils").EngineArgs
+    UsageContext = module("vllm.usage.usage_lib").UsageContext
     patched = stand_ins()  # (imports vLLM's model modules: outside the try, whose errors are the config's)
     try:
         with quiet_vllm(), patched, _as_device(d):
@@ -415,7 +381,7 @@ def _removed(d: Deployment) -> str:
     vLLM's registry records it (``_PREVIOUSLY_SUPPORTED_MODELS``: the last release that served it;
     ``_OOT_SUPPORTED_MODELS``: the plugin that serves it now); else nothing. Said after vLLM refused, not before:
     vLLM may still serve such a model through its Transformers backend."""
-    registry = importlib.import_module("vllm.model_executor.models.registry")
+    registry = module("vllm.model_executor.models.registry")
     archs = [a for a in d.model.raw.get("architectures") or () if isinstance(a, str)]
     if not archs or any(a in registry.ModelRegistry.get_supported_archs() for a in archs):
         return ""
@@ -720,22 +686,25 @@ def shared_by_view(tensors: Any, num_blocks: int, page_size: dict[str, int]) -> 
 
 # --- the deployment, as vLLM resolves it ------------------------------------------------------------
 
-def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank: int = 0) -> Deployment:
-    """The deployment options ``o`` describe (vLLM's flag names: ``tp``, ``util``, ``kv_cache_dtype``,
-    ...; sizes as text such as ``80GiB``), with the preset's TP, length and device where ``o`` leaves
-    them unset; resolved by vLLM (``make_deployment``). The one place the command line and
-    policy files (``kvaudit check``) turn options into a deployment."""
+def deploy(spec: ModelSpec, preset: Preset | None, options: DeploymentOptions | Mapping[str, Any],
+           pp_rank: int = 0) -> Deployment:
+    """The deployment the options describe (a ``DeploymentOptions`` record, or a mapping of vLLM's flag names:
+    ``tp``, ``util``, ``kv_cache_dtype``, ...; sizes as text such as ``80GiB``), with the preset's TP, length and
+    device where they leave them unset; resolved by vLLM (``make_deployment``). The one place the command line,
+    policy files (``kvaudit check``) and markers turn options into a deployment."""
     import json
 
     from kvaudit.units import parse_size
 
+    o = DeploymentOptions.of(options)
+
     def size(key: str, allow_zero: bool = False) -> int | None:
-        value = o.get(key)
+        value = getattr(o, key)
         flag = "--" + key.replace("_", "-")
         return parse_size(str(value), flag, allow_zero=allow_zero) if value is not None else None
 
     def json_object(key: str, example: str) -> dict | None:
-        value = o.get(key)
+        value = getattr(o, key)
         flag = "--" + key.replace("_", "-")
         if isinstance(value, str):
             try:
@@ -748,8 +717,8 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
 
     overrides = json_object("hf_overrides", '{"max_position_embeddings": 65536}')
     device_memory = size("device_memory")
-    if device_memory is not None and not o.get("device"):
-        raise UsageError(f"--device-memory {o['device_memory']} gives a size but not the kind of device, whose rules "
+    if device_memory is not None and not o.device:
+        raise UsageError(f"--device-memory {o.device_memory} gives a size but not the kind of device, whose rules "
                          f"plan it: add --device ({device_choice()})")
     compilation = json_object("compilation_config", '{"cudagraph_mode": "PIECEWISE"}')
     unmodelled = sorted(set(compilation or {}) - {"cudagraph_mode"})
@@ -757,28 +726,29 @@ def deploy(spec: ModelSpec, preset: Preset | None, o: Mapping[str, Any], pp_rank
         raise UsageError(f"--compilation-config: kvaudit takes cudagraph_mode only; {', '.join(unmodelled)} would "
                          "change nothing in its plan (use --max-cudagraph-capture-size for the capture sizes)")
     limits = json_object("limit_mm_per_prompt", '{"image": 0, "video": 0}')
-    if o.get("limit_mm_per_prompt") is not None and not limits:
+    if o.limit_mm_per_prompt is not None and not limits:
         raise UsageError("--limit-mm-per-prompt names no modality, so it would change nothing (e.g. "
                          "'{\"image\": 0, \"video\": 0}')")
-    tp = o.get("tp")
+    tp = o.tp
+    util = o.util if o.util is not None else default_gpu_memory_utilization(o.vllm_version or vllm_version())
     return make_deployment(
-        spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=o.get("util", 0.9),
-        max_model_len=o.get("max_model_len") or (preset.max_model_len if preset else None),
-        device=o.get("device") or (preset.device if preset else "atlas-a2-64g"),
-        device_memory_bytes=device_memory, dtype=o.get("dtype", "auto"), weights_bytes=size("weights"),
-        overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.get("vllm_version"),
-        kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.get("kv_transfer")),
-        num_blocks_override=o.get("num_blocks"), pp=o.get("pp", 1), pp_rank=pp_rank, dp=o.get("dp", 1),
-        enable_expert_parallel=bool(o.get("enable_expert_parallel")),
-        kv_cache_dtype=o.get("kv_cache_dtype", "auto"), quantization=o.get("quantization"),
-        block_size=o.get("block_size"), enable_prefix_caching=o.get("enable_prefix_caching"),
-        mamba_cache_mode=o.get("mamba_cache_mode"), max_num_seqs=o.get("max_num_seqs"),
-        num_speculative_tokens=o.get("num_speculative_tokens", 0), hf_overrides=overrides,
-        max_num_batched_tokens=o.get("max_num_batched_tokens"), enforce_eager=bool(o.get("enforce_eager")),
-        max_cudagraph_capture_size=o.get("max_cudagraph_capture_size"),
-        cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.get("usage_context") or "serve",
+        spec, tp=tp if tp is not None else (preset.tp if preset else 1), gpu_memory_utilization=util,
+        max_model_len=o.max_model_len or (preset.max_model_len if preset else None),
+        device=o.device or (preset.device if preset else "atlas-a2-64g"),
+        device_memory_bytes=device_memory, dtype=o.dtype, weights_bytes=size("weights"),
+        overhead_bytes=size("overhead", allow_zero=True), vllm_release=o.vllm_version,
+        kv_cache_memory_bytes=size("kv_cache_memory"), kv_transfer=bool(o.kv_transfer),
+        num_blocks_override=o.num_blocks, pp=o.pp, pp_rank=pp_rank, dp=o.dp,
+        enable_expert_parallel=bool(o.enable_expert_parallel),
+        kv_cache_dtype=o.kv_cache_dtype, quantization=o.quantization,
+        block_size=o.block_size, enable_prefix_caching=o.enable_prefix_caching,
+        mamba_cache_mode=o.mamba_cache_mode, max_num_seqs=o.max_num_seqs,
+        num_speculative_tokens=o.num_speculative_tokens, hf_overrides=overrides,
+        max_num_batched_tokens=o.max_num_batched_tokens, enforce_eager=bool(o.enforce_eager),
+        max_cudagraph_capture_size=o.max_cudagraph_capture_size,
+        cudagraph_mode=(compilation or {}).get("cudagraph_mode"), usage_context=o.usage_context or "serve",
         limit_mm_per_prompt=limits,
-        skip_mm_profiling=bool(o.get("skip_mm_profiling")), language_model_only=bool(o.get("language_model_only")))
+        skip_mm_profiling=bool(o.skip_mm_profiling), language_model_only=bool(o.language_model_only))
 
 
 def make_deployment(

@@ -14,7 +14,7 @@ from kvaudit.errors import EXIT_FAIL, EXIT_PASS, UsageError
 from kvaudit.escape import terminal_safe_tree
 from kvaudit.jsonfile import read_json
 from kvaudit.report.render import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
-from kvaudit.report.render import short_layer
+from kvaudit.report.render import layers_text, short_layer, split_layer
 from kvaudit.results import DEFAULT_TOLERANCE, Verdict, check_tolerance, exceeds_plan, tolerance_bytes
 from kvaudit.units import fmt_bytes
 
@@ -784,8 +784,22 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
                          no_wrap=col not in ("strategy", what))
         return t
 
-    def shown(t: Any, what: str) -> Any:
-        return fitted(t, wrap=("strategy", what))
+    def shown(t: Any, what: str, narrow: Any = None) -> Any:
+        return fitted(t, wrap=("strategy", what), narrow=narrow)
+
+    def grid(st: StageDelta) -> Any:
+        """The verdicts of each strategy, old → new, for a terminal too narrow for the figures' table."""
+        g = Table(title=f"{prefix}verdicts (old → new)" if where else "Verdicts (old → new)", title_justify="left",
+                  show_edge=False, pad_edge=False, caption="(each group's and layer's figures: a wider terminal, "
+                  "--format json, --html or --svg)", caption_justify="left")
+        for col in ("strategy", "verdict", "ratio", "status"):
+            g.add_column(col, overflow="fold")
+        for s in st.strategies:
+            verdict = (f"{s.old_verdict} → {s.new_verdict}" if s.compared and s.old_verdict != s.new_verdict
+                       else s.new_verdict or s.old_verdict or "—")
+            cells = _cells(s.total, "", s.strategy, s.status)
+            g.add_row(cells[0], verdict, cells[5], cells[7])
+        return fitted(g, wrap=("strategy", "verdict", "ratio", "status"))
 
     for st in c.stages:
         where = _where(c, st.pp_rank)
@@ -806,16 +820,23 @@ def render(c: Comparison, detail: str = "groups") -> list[Any]:
                 for g in s.groups:
                     t.add_row(*_cells(g, f"{g.name} {g.spec or ''}".strip(), "", g.status))
             notes += [f"[bold]{escape(s.strategy)}[/]: {escape(n)}" for n in s.notes if n not in common]
-        out.append(shown(t, "group"))
+        narrow = grid(st)
+        out.append(shown(t, "group", narrow))
         if detail == "layers":
             rows = [(s, r) for s in st.strategies for r in s.layers
                     if r.status is not Status.SAME or r.delta_allocated_bytes or r.delta_expected_bytes]
             hidden = sum(len(s.layers) for s in st.strategies) - len(rows)
-            lt = table(f"{prefix}per layer (old → new)" if where else "Per layer (old → new)", "layer",
+            lt = table(f"{prefix}per layer (old → new; layers with the same figures on one row)" if where
+                       else "Per layer (old → new; layers with the same figures on one row)", "layers",
                        f"{hidden} layer rows with the same figures in both reports are not shown" if hidden else None)
+            runs: dict[tuple, list[str]] = {}
             for s, r in rows:
-                lt.add_row(*_cells(r, short_layer(r.name), s.strategy, r.status))
-            out.append(shown(lt, "layer"))
+                cells = _cells(r, "", s.strategy, r.status)
+                runs.setdefault((s.strategy, split_layer(r.name)[1], *cells), []).append(r.name)
+            for (strategy, _, *cells), names in runs.items():
+                cells[1] = escape(short_layer(names[0]) if len(names) == 1 else layers_text(names))
+                lt.add_row(*cells)
+            out.append(shown(lt, "layers", Text("")))
         if notes:
             out.append(Text.from_markup("\n".join(f"• {n}" for n in notes)))
     out.append(Text(summary_line(c)))

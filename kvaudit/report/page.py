@@ -507,7 +507,7 @@ def to_svg(reports: list[Report], title: str | None = None, *, detail: str = "la
         y += th * s + 36
 
     if preface:
-        tables(_recorded(list(preface), width), "kvaudit-preface", "the matrix, as the terminal shows it")
+        tables(_recorded(list(preface), width), "kvaudit-preface", "as the terminal shows it")
     for i, rep in enumerate(reports):
         header, h = _svg_header(rep, 0)
         parts.append(f'<g class="report" transform="translate({margin}, {y:g})">{header}')

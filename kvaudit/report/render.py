@@ -13,7 +13,7 @@ from kvaudit import __version__
 from kvaudit.model.deployment import DEVICES, Deployment
 from kvaudit.model.memory import TITLES
 from kvaudit.report.tables import fitted
-from kvaudit.results import AuditResult, KVPlan, PlanStage, Report, Verdict
+from kvaudit.results import AuditResult, KVPlan, LayerRow, PlanStage, Report, Verdict
 from kvaudit.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -161,12 +161,11 @@ def summary_line(rep: Report) -> str:
     if not failed:
         verdict = "PASS" if not rep.skipped else "NOT MEASURED"
         return f"kvaudit: {verdict}: {len(results)} of {len(results)} audited strategies allocate what vLLM planned; {tail}"
-    worst = ", ".join(f"{r.strategy} {'out of memory' if r.device_oom else f'{r.ratio:.2f}×'}"
-                      + (" leaks" if r.leaked_bytes else "") for r in failed)
+    worst = ", ".join(f"{r.strategy} {r.finding}" for r in failed)
     return f"kvaudit: FAIL: {len(failed)} of {len(results)} strategies do not allocate what vLLM planned ({worst}); {tail}"
 
 
-def _split(name: str) -> tuple[str, str]:
+def split_layer(name: str) -> tuple[str, str]:
     """``model.layers.28.linear_attn`` -> (``28``, ``linear_attn``)."""
     m = re.match(r"model\.layers\.(\d+)\.(.+)$", name)
     return (m.group(1), m.group(2)) if m else (name, "")
@@ -174,15 +173,15 @@ def _split(name: str) -> tuple[str, str]:
 
 def short_layer(name: str) -> str:
     """``model.layers.28.linear_attn`` -> ``28.linear_attn``."""
-    i, kind = _split(name)
+    i, kind = split_layer(name)
     return f"{i}.{kind}" if kind else i
 
 
-def _layers_text(names: tuple[str, ...] | list[str], limit: int = 4) -> str:
+def layers_text(names: tuple[str, ...] | list[str], limit: int = 4) -> str:
     """Layer names grouped by kind: ``0, 1, 2 linear_attn · 3 self_attn.attn``."""
     by_kind: dict[str, list[str]] = {}
     for n in names:
-        i, kind = _split(n)
+        i, kind = split_layer(n)
         by_kind.setdefault(kind, []).append(i)
     parts = []
     for kind, ids in by_kind.items():
@@ -192,7 +191,7 @@ def _layers_text(names: tuple[str, ...] | list[str], limit: int = 4) -> str:
 
 
 def _ids(names: tuple[str, ...]) -> str:
-    return ", ".join(_split(n)[0] for n in names) or "—"
+    return ", ".join(split_layer(n)[0] for n in names) or "—"
 
 
 def _structure(plan: KVPlan) -> str:
@@ -318,7 +317,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     gt.add_column("spec")
     gt.add_column("layers")
     for g in base.groups:
-        gt.add_row(str(g.index), e(g.spec_type), e(_layers_text(g.layer_names, limit=8)))
+        gt.add_row(str(g.index), e(g.spec_type), e(layers_text(g.layer_names, limit=8)))
     out.append(fitted(gt, wrap=("layers",)))
     tt = Table(title="Planned tensors and the layers that share each one (size in each plan)", title_justify="left")
     tt.add_column("tensor", justify="right")
@@ -326,7 +325,7 @@ def render_tables(rep: Report, detail: str = "layers") -> list["RenderableType"]
     for plan, _ in plans:
         tt.add_column(e(plan.name), justify="right")
     for i, t in enumerate(base.tensors):
-        tt.add_row(str(i), e(_layers_text(t.shared_by)),
+        tt.add_row(str(i), e(layers_text(t.shared_by)),
                    *(fmt_bytes(p.tensors[i].size) if i < len(p.tensors) else "—" for p, _ in plans))
     out.append(fitted(tt, wrap=("shared by",)))
 
@@ -396,23 +395,51 @@ def _strategy_detail(r: AuditResult, detail: str) -> list[Any]:
     for t in r.tensors:
         tt.add_row(str(t.tensor), str(t.storages), fmt_bytes(t.expected), fmt_bytes(t.allocated),
                    _ratio(t.allocated, t.expected), fmt_bytes(t.padding) if t.padding else "—",
-                   e(_layers_text(t.shared_by)))
+                   e(layers_text(t.shared_by)))
     out: list[Any] = [fitted(gt), fitted(tt, wrap=("planned to be shared by",))]
     if detail == "layers":
-        lt = Table()
-        for col in ("layer", "group", "spec", "expected", "allocated", "ratio", "shares memory with",
+        lt = Table(title="Per layer: layers with the same figures on one row, bytes per layer", title_justify="left")
+        for col in ("layers", "group", "spec", "expected", "allocated", "ratio", "shares memory with",
                     "planned to share with"):
             lt.add_column(col, justify="right" if col in ("group", "expected", "allocated", "ratio") else "left",
-                          no_wrap=not col.endswith("with"))
-        for row in r.layers:
-            shares = e(_ids(row.shares_with))
-            if set(row.shares_with) != set(row.planned_shares_with):
-                shares = f"[bold red]{shares}[/]"
-            lt.add_row(e(short_layer(row.layer)), str(row.group), e(row.spec), fmt_bytes(row.expected),
-                       fmt_bytes(row.allocated), _ratio(row.allocated, row.expected), shares,
-                       e(_ids(row.planned_shares_with)))
-        out.append(fitted(lt, wrap=("layer", "shares memory with", "planned to share with"), drop=("spec",)))
+                          no_wrap=col not in ("layers",) and not col.endswith("with"))
+        for run in layer_runs(r.layers):
+            row = run[0]
+            shares, planned = _sharing(run)
+            lt.add_row(e(short_layer(row.layer) if len(run) == 1 else layers_text([x.layer for x in run])),
+                       str(row.group), e(row.spec), fmt_bytes(row.expected), fmt_bytes(row.allocated),
+                       _ratio(row.allocated, row.expected), shares, planned)
+        out.append(fitted(lt, wrap=("layers", "shares memory with", "planned to share with"), drop=("spec",)))
     return out
+
+
+def layer_runs(rows: tuple[LayerRow, ...] | list[LayerRow]) -> list[list[LayerRow]]:
+    """The layer rows with the same figures, each set as one run (in the order of its first layer): the same kind
+    of layer (``linear_attn``), group, spec, planned and allocated bytes and storages, and a sharing of the same
+    shape (as many layers shared with, as many planned, as planned or not). A table shows one row per run."""
+    runs: dict[tuple, list[LayerRow]] = {}
+    for row in rows:
+        key = (split_layer(row.layer)[1], row.group, row.spec, row.expected, row.allocated, row.storages,
+               len(row.shares_with), len(row.planned_shares_with),
+               set(row.shares_with) == set(row.planned_shares_with))
+        runs.setdefault(key, []).append(row)
+    return list(runs.values())
+
+
+def _sharing(run: list[LayerRow]) -> tuple[str, str]:
+    """The two sharing cells of a run: the layers' ids for one layer; for several, how many each shares with
+    ("as planned", "none", "3 each"), a sharing other than the plan's in red."""
+    from rich.markup import escape as e
+
+    row = run[0]
+    as_planned = set(row.shares_with) == set(row.planned_shares_with)
+    if len(run) == 1:
+        shares, planned = e(_ids(row.shares_with)), e(_ids(row.planned_shares_with))
+    else:
+        shares = ("as planned" if as_planned else "none" if not row.shares_with
+                  else f"{len(row.shares_with)} layers each, not as planned")
+        planned = f"{len(row.planned_shares_with)} layers each" if row.planned_shares_with else "—"
+    return (shares if as_planned else f"[bold red]{shares}[/]"), planned
 
 
 def _summary_table(results: list[AuditResult], meter: str, safe: dict[str, Any] | None = None) -> Any:

@@ -6,7 +6,6 @@ rich shrinks every column of a table wider than the console and cuts what no lon
 with its text columns narrowed and wrapped (``overflow="fold"``: a word longer than its column is broken, never cut)
 and every other column at its full width; else the same without the box; else with a text column moved under the
 table or a column another table shows left out; else, where even that does not fit, as one key-value block per row.
-Help screens get the same care (``keep_option_names_whole``).
 """
 
 from __future__ import annotations
@@ -22,22 +21,25 @@ _FLOOR = 8
 _DIGIT = re.compile(r"\d")
 
 
-def fitted(table: Any, wrap: Iterable[str] = (), below: Iterable[str] = (), drop: Iterable[str] = ()) -> "Fitted":
+def fitted(table: Any, wrap: Iterable[str] = (), below: Iterable[str] = (), drop: Iterable[str] = (),
+           narrow: Any = None) -> "Fitted":
     """``table`` laid out for any width; ``wrap`` names its text columns (by header), the ones that may wrap;
     ``below`` the text columns a narrow terminal may move under the table; ``drop`` those it may leave out (what
-    another table shows too)."""
-    return Fitted(table, wrap, below, drop)
+    another table shows too); ``narrow`` what to show where the table does not fit even wrapped (a smaller
+    ``Fitted``, such as a grid of verdicts), in place of one block per row."""
+    return Fitted(table, wrap, below, drop, narrow)
 
 
 class Fitted:
     """A rich ``Table`` that chooses its layout when rendered (``__rich_console__``); see the module's docstring."""
 
     def __init__(self, table: Any, wrap: Iterable[str] = (), below: Iterable[str] = (),
-                 drop: Iterable[str] = ()) -> None:
+                 drop: Iterable[str] = (), narrow: Any = None) -> None:
         self.table = table
         self.wrap = frozenset(wrap)
         self.below = frozenset(below)
         self.drop = frozenset(drop)
+        self.narrow = narrow
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         yield self.layout(console, options.max_width)
@@ -50,8 +52,8 @@ class Fitted:
     def layout(self, console: Any, width: int) -> Any:
         """The renderable for ``width`` columns, the first of these that fits: the table as built; with its text
         columns wrapped at spaces; the same without the box (one space between columns); that with the columns
-        ``below`` names moved under it and those ``drop`` names left out; those with words broken; one block per
-        row."""
+        ``below`` names moved under it and those ``drop`` names left out; those with words broken; ``narrow``
+        where given, else one block per row."""
         t = self.table
         if _natural_width(console, t) <= width:
             return t
@@ -65,7 +67,7 @@ class Fitted:
                 narrowed = self._wrapped(console, candidate, width, whole_words)
                 if narrowed is not None:
                     return narrowed
-        return self._blocks()
+        return self.narrow if self.narrow is not None else self._blocks()
 
     def _fewer(self, t: Any) -> Any:
         """``t`` without the columns ``below`` and ``drop`` name: the first under the table, one line per row (its
@@ -105,9 +107,10 @@ class Fitted:
             return None
         spare = room - sum(floors.values())
         want = {i: natural[i] - floors[i] for i in text}
-        total = sum(want.values()) or 1
-        for i in text:  # the room left, shared in proportion to what each text column would take
-            widths[i] = floors[i] + min(want[i], spare * want[i] // total)
+        for n, i in enumerate(sorted(text, key=lambda i: want[i])):  # the room left, shared evenly; a column that
+            give = min(want[i], spare // (len(text) - n))            # needs less than its share is made whole and
+            widths[i] = floors[i] + give                              # leaves the rest to the wider ones
+            spare -= give
         narrowed = copy.copy(t)
         narrowed.columns = [dataclasses.replace(c, width=widths[i], min_width=None, max_width=None, no_wrap=False,
                                                 overflow="fold") for i, c in enumerate(cols)]
@@ -186,39 +189,3 @@ def _extra_width(t: Any) -> int:
     borders = ((2 if t.show_edge else 0) + n - 1) if t.box else 0
     return borders + sum(t._get_padding_width(i) for i in range(n))
 
-
-def keep_option_names_whole() -> None:
-    """Help screens with every option name whole: typer's rich help (``typer.rich_utils``) lays each option out over
-    five columns that shrink alike, so a narrow terminal cut "--tp,--tensor-parallel-size" to "--tp,--tensor-para…".
-    While it draws an options panel, its table puts an option's names one per line in one column as wide as the
-    longest name, its type beside them, and wraps the help text in the rest (breaking a word only where a word is
-    wider than that)."""
-    from rich.columns import Columns
-    from rich.table import Table
-    from rich.text import Text
-    from typer import rich_utils
-
-    draw = rich_utils._print_options_panel
-    if getattr(draw, "keeps_names_whole", False):
-        return
-
-    class OptionsTable(Table):
-        def add_row(self, *cells: Any, **kwargs: Any) -> None:
-            *names, types, help_text = cells
-            if isinstance(help_text, Columns):  # (its own grid cuts a long word: one wrapped text instead)
-                help_text = Text(" ").join(r if isinstance(r, Text) else Text(str(r)) for r in help_text.renderables)
-            shown = [n if isinstance(n, Text) else Text.from_markup(str(n)) for n in names if n]
-            super().add_row(Text("\n").join(n for n in shown if n.plain), types, help_text, **kwargs)
-            if len(self.columns) == 3:
-                for c, no_wrap in zip(self.columns, (True, True, False)):
-                    c.no_wrap, c.overflow = no_wrap, "fold"
-
-    def panel(*args: Any, **kwargs: Any) -> Any:
-        rich_utils.Table = OptionsTable
-        try:
-            return draw(*args, **kwargs)
-        finally:
-            rich_utils.Table = Table
-
-    panel.keeps_names_whole = True  # type: ignore[attr-defined]
-    rich_utils._print_options_panel = panel

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError, NotAuditable, StrategyFailed, UsageError, first_line
+from kvaudit.model.vllm_modules import module
 from kvaudit.results import KVPlan
 from kvaudit.strategies.runner_code import (Extracted, SourceTree, class_literals, extract_allocator, extract_method,
                                             installed_tree, run_extracted, stand_in)
@@ -361,8 +362,7 @@ def _with_kv_transfer(vllm_config: Any, kv_transfer: bool) -> Any:
     """A copy of the plan's vLLM config with the KV connector a ``--kv-transfer`` deployment sets (or none)."""
     vc = copy.copy(vllm_config)
     if kv_transfer:
-        from vllm.config import KVTransferConfig
-
+        KVTransferConfig = module("vllm.config").KVTransferConfig
         object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=KV_CONNECTOR,
                                                                       kv_role="kv_producer"))
     else:
@@ -435,8 +435,7 @@ def _vllm_runner_method(name: str) -> Any:
 def _attention_groups(plan: KVPlan) -> list[list[Any]]:
     """vLLM's ``AttentionGroup`` objects for the plan: per KV-cache group, its layers (the built model's
     modules) grouped by the attention backend each chose."""
-    from vllm.v1.worker.utils import AttentionGroup
-
+    AttentionGroup = module("vllm.v1.worker.utils").AttentionGroup
     layers = plan.vllm_config.compilation_config.static_forward_context
     out = []
     for i, g in enumerate(plan.kv_cache_config.kv_cache_groups):

@@ -603,11 +603,17 @@ move vllm-project/vllm#42309 describes; vllm-ascend 0.28-0.30 still import them 
 
 
 def _import(module: str, attr: str | None, label: str, name: str) -> Any:
-    """A name from an installed package (torch, vLLM, the standard library)."""
+    """A name from an installed package (torch, vLLM, the standard library); vLLM's modules through the one door
+    (``kvaudit.model.vllm_modules``), quieted as everywhere else."""
+    from kvaudit.model.vllm_modules import module as vllm_module
+
+    def load(name: str) -> Any:
+        return vllm_module(name) if name.split(".")[0] == "vllm" else importlib.import_module(name)
+
     try:
-        m = importlib.import_module(module)
+        m = load(module)
         if attr and not hasattr(m, attr) and module in _MOVED:
-            m = importlib.import_module(_MOVED[module])
+            m = load(_MOVED[module])
         return getattr(m, attr) if attr else m
     except Exception:  # the installed version may lack it: only fatal if the code path uses it
         return _missing(label, name, f"{module} in this environment")

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvaudit.model.memory import default_gpu_memory_utilization, default_utilization_text
 from kvaudit.triage.changes import CHANGES, between, since_before
 from kvaudit.triage.evidence import Evidence, Fact
 from kvaudit.triage import ledger
@@ -140,7 +141,8 @@ DECIDING_COMPONENT = ("the KV connector's release and its settings (its `kv_tran
                       "configuration: the CPU or pinned buffers it allocates, any GPU staging buffers): what it "
                       "allocates on the device is outside vLLM's budget and must fit in what the utilization leaves "
                       "free; what it allocates on the host must fit in the host's RAM")
-DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit assumed vLLM's default 0.9): it sets "
+DECIDING_BUDGET = ("the `--gpu-memory-utilization` the engine ran with (kvaudit assumed vLLM's default, "
+                   f"{default_utilization_text()}): it sets "
                    "vLLM's budget, and the headroom left for everything outside it")
 DECIDING_WEIGHTS = ("the weights each rank loaded (the start-up log's \"Model loading took X GiB\", or the checkpoint "
                     "and its quantization): over vLLM's budget, they are the term that grew (a larger TP, a smaller "
@@ -419,6 +421,12 @@ class _Case:
     def stated_u(self) -> bool:
         return _reported(self.values, "gpu_memory_utilization")
 
+    @property
+    def default_u(self) -> float:
+        """vLLM's default utilization in the report's release (the newest era's where it names none)."""
+        release = self.values.get("vLLM") or self.values.get("vllm-ascend")
+        return default_gpu_memory_utilization(release.value if release else None)
+
 
 @dataclass
 class _Finding:
@@ -478,7 +486,7 @@ def _no_room(c: _Case) -> _Finding | None:
             + (f"; the weights alone take {fmt_bytes(weights[0])} per rank ({weights[1]})" if weights else "")
             + (f"; the KV budget logged is {fmt_bytes(A)}" if A is not None and A <= 0 else "") + ").")
     found = _Finding(cause, text, [
-        "Give the KV cache room: a higher `--gpu-memory-utilization` (the default is 0.9), a larger "
+        f"Give the KV cache room: a higher `--gpu-memory-utilization` (the default is {c.default_u:g}), a larger "
         "`--tensor-parallel-size`, a smaller or quantized model, or a smaller profile batch "
         "(`--max-num-batched-tokens`, `--max-num-seqs`)."])
     if A is not None and A <= 0 and T:
@@ -593,11 +601,11 @@ def _weights_over_budget(c: _Case) -> _Finding | None:
             or c.phase not in (None, "weight loading", "memory profiling", "kv-cache planning")):
         return None
     cause, (w, how) = "weights", c.weights
-    rec_u = min(0.9, round((w / c.T) + 0.1, 2))
+    rec_u = min(c.default_u, round((w / c.T) + 0.1, 2))
     return _Finding(cause, f"{CAUSES[cause]}: at `--gpu-memory-utilization {c.u}` vLLM may use "
                     f"{fmt_bytes(int(c.u * c.T))} of the {fmt_bytes(c.T)} device, and the weights alone take "
                     f"{fmt_bytes(w)} per rank ({how}).", [
-                        f"Raise `--gpu-memory-utilization` (vLLM's default is 0.9; {rec_u} leaves the weights room "
+                        f"Raise `--gpu-memory-utilization` (vLLM's default is {c.default_u:g}; {rec_u} leaves the weights room "
                         "and some for the KV cache), or spread the weights with a larger TP."], rec_u)
 
 
@@ -663,7 +671,7 @@ def _graphs_at_a_high_utilization(c: _Case) -> _Finding | None:
     cause = "utilization-too-high"
     return _Finding(cause, f"the device ran out capturing graphs at `--gpu-memory-utilization {c.u}`: {CAUSES[cause]} "
                     "(the graphs are captured after the KV cache takes its share).", [
-                        "Lower `--gpu-memory-utilization` (vLLM's default is 0.9) to leave the graphs room, or "
+                        f"Lower `--gpu-memory-utilization` (vLLM's default is {c.default_u:g}) to leave the graphs room, or "
                         "`--enforce-eager` at some decode speed."])
 
 
@@ -698,7 +706,7 @@ def _warm_up(c: _Case) -> _Finding | None:
     cause = _PHASE_CAUSE["warm-up"]
     return _Finding(cause, f"the device ran out in {ledger.PHASE_TERMS['warm-up'][2]}, after the KV cache took "
                     f"{c.u} of the device: {CAUSES[cause]}.", [
-                        "Lower `--gpu-memory-utilization` (0.9 leaves the warm-up its room), or `--max-num-seqs` (the "
+                        f"Lower `--gpu-memory-utilization` ({c.default_u:g} leaves the warm-up its room), or `--max-num-seqs` (the "
                         "warm-up's dummy requests)."])
 
 
@@ -745,7 +753,7 @@ def _small_utilization(c: _Case) -> _Finding | None:
     return _Finding("no-room-for-kv-cache", f"the report sets `--gpu-memory-utilization {c.u}` ({short(source, 90)}): "
                     "vLLM keeps weights, activations and the KV cache within that share of the device, and a share "
                     "this small leaves it no room.", [
-                        "Raise `--gpu-memory-utilization` toward vLLM's default 0.9 (what the device has free); to "
+                        f"Raise `--gpu-memory-utilization` toward vLLM's default {c.default_u:g} (what the device has free); to "
                         "share a device, give each engine its share and keep their sum under 1."])
 
 
@@ -766,7 +774,7 @@ def _utilization_too_high(c: _Case) -> _Finding:
                     "allocations, communication buffers, fragmentation)" + (
                         f"; the report says {max(w.value for w in works)} works ({where(works[0], 80)})"
                         if works else "") + ".", [
-                        "Keep `--gpu-memory-utilization` at 0.9-0.95 (vLLM's default is 0.9), or lower it until the "
+                        f"Keep `--gpu-memory-utilization` at {c.default_u:g}-0.95 (vLLM's default is {c.default_u:g}), or lower it until the "
                         "device keeps a few GiB free."])
 
 

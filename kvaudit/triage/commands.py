@@ -121,17 +121,16 @@ def _vllm_parser() -> Any:
 
 
 def _build_parser() -> Any:
-    from kvaudit.model.vllm_model import declare_torchvision_ops
-    from kvaudit.plan.planner import quiet_vllm, vllm_version
+    from kvaudit.model.vllm_modules import module, quiet_vllm
+    from kvaudit.plan.planner import vllm_version
 
     with quiet_vllm(), contextlib.redirect_stderr(io.StringIO()):
-        declare_torchvision_ops()
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.platforms import current_platform
+        EngineArgs = module("vllm.engine.arg_utils").EngineArgs
+        current_platform = module("vllm.platforms").current_platform
         try:
-            from vllm.utils.argparse_utils import FlexibleArgumentParser
+            FlexibleArgumentParser = module("vllm.utils.argparse_utils").FlexibleArgumentParser
         except ImportError:  # vLLM before 0.11 kept it in vllm.utils
-            from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined, no-redef]
+            FlexibleArgumentParser = module("vllm.utils").FlexibleArgumentParser
 
         class _Parser(FlexibleArgumentParser):  # type: ignore[misc, valid-type]
             """vLLM's parser that hands back what it does not know, and raises where argparse would exit."""

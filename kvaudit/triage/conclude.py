@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from kvaudit.errors import ConfigError, MissingDependency, UsageError
 from kvaudit.escape import md
 from kvaudit.model.deployment import DEVICES, PRESETS, Deployment, load_model, load_preset_spec, preset_for_model
+from kvaudit.model.memory import default_gpu_memory_utilization
 from kvaudit.model.hub import names_hub_model
 from kvaudit.model.spec import ModelSpec
 from kvaudit.triage.commands import OWN_READER
@@ -28,6 +29,7 @@ from kvaudit.triage.causes import (CAUSES, SAID, asks, cause_of, deciding_terms,
 from kvaudit.triage.evidence import Evidence, Fact, clean_lines, extract, looks_like_report
 from kvaudit.triage.sourced import Sourced, assumed, from_fact, short, where
 from kvaudit.units import fmt_bytes
+from kvaudit.versions import version_key
 
 SCHEMA_VERSION = 1
 OVER_ALLOCATION = "allocator-over-allocation"
@@ -390,7 +392,11 @@ def reconstruct(ev: Evidence, config: str | None = None) -> tuple[dict[str, Sour
     values["max model len"] = (from_fact(mml) if mml else assumed(p.max_model_len, f"the {exact} preset's") if p
                                else assumed(spec.max_position_embeddings if spec else None, "vLLM's default"))
     util = ev.first("gpu_memory_utilization", "util_fails", "util_prose")
-    values["gpu_memory_utilization"] = (assumed(0.9, "vLLM's default (not in the report)") if util is None else
+    said = values.get("vLLM") or values.get("vllm-ascend")  # (vllm-ascend pairs with the vLLM of its number)
+    release = said.value if said is not None and len(version_key(str(said.value))) > 1 else None
+    default_u = default_gpu_memory_utilization(release)
+    values["gpu_memory_utilization"] = (assumed(default_u, f"vLLM {release}'s default (not in the report)" if release
+                                                else "vLLM's default (not in the report)") if util is None else
                                         from_fact(util, note=" (the utilization the report says fails)")
                                         if util.key == "util_fails" else from_fact(util))
     dev = _device_memory(ev, platform)
