@@ -31,11 +31,11 @@ from kvaudit.cli.app import _failure, main  # noqa: E402
 from kvaudit.errors import EXIT_BUG, EXIT_CODES, UsageError  # noqa: E402
 
 EXAMPLES = {
-    "config": 2500, "config_fields": 600, "hf_overrides": 1000, "deployment_options": 1000, "sizes": 500, "report_reading": 2000, "report_recombined": 10000,
+    "config": 2500, "config_fields": 600, "hf_overrides": 1000, "deployment_options": 1000, "sizes": 500, "report_reading": 2000, "report_recombined": 7700,
     "report_files": 300, "policy": 1500, "compare": 800, "compare_tampered": 400, "plan_file": 800, "plan_file_audit": 60,
 }
-"""Inputs per test: 21,460 in all; 12,300 are reports that triage reads and concludes on (issue 21: at least
-10,000)."""
+"""Inputs per test: 19,160 in all; 10,000 are reports that triage reads and concludes on (issue 21: at least 10,000;
+the recombined reports were 10,000 alone until CI needed room for issue 35's tests)."""
 
 
 def _settings(name: str):
@@ -332,7 +332,7 @@ def _recombined(rng: random.Random) -> tuple[str, str | None]:
     return rng.choice(["\n", "\r\n"]).join(out), title
 
 
-def test_ten_thousand_recombined_reports_are_read_and_answered_in_the_schema():
+def test_thousands_of_recombined_reports_are_read_and_answered_in_the_schema():
     """Issue 21's property: every report made of real material gets a schema-valid answer, never a traceback. Each
     report is drawn from its seed (``_recombined``): a plain loop over ``EXAMPLES["report_recombined"]`` seeds, the
     first that fails named, since hypothesis added 1.7 ms to each 2.6 ms report and can shrink a seed no further.

@@ -427,8 +427,8 @@ def layer_runs(rows: tuple[LayerRow, ...] | list[LayerRow]) -> list[list[LayerRo
 
 
 def _sharing(run: list[LayerRow]) -> tuple[str, str]:
-    """The two sharing cells of a run: the layers' ids for one layer; for several, how many each shares with
-    ("as planned", "none", "3 each"), a sharing other than the plan's in red."""
+    """The two sharing cells of a run: the layers' ids for one layer; for several, how many layers each shares with
+    ("as planned", "none", "2 each, not as planned"; planned: "3 each"), a sharing other than the plan's in red."""
     from rich.markup import escape as e
 
     row = run[0]
@@ -437,8 +437,8 @@ def _sharing(run: list[LayerRow]) -> tuple[str, str]:
         shares, planned = e(_ids(row.shares_with)), e(_ids(row.planned_shares_with))
     else:
         shares = ("as planned" if as_planned else "none" if not row.shares_with
-                  else f"{len(row.shares_with)} layers each, not as planned")
-        planned = f"{len(row.planned_shares_with)} layers each" if row.planned_shares_with else "—"
+                  else f"{len(row.shares_with)} each, not as planned")
+        planned = f"{len(row.planned_shares_with)} each" if row.planned_shares_with else "—"
     return (shares if as_planned else f"[bold red]{shares}[/]"), planned
 
 
