@@ -38,7 +38,7 @@ class CellResult:
     report: int | None
     """Index of the report of the cell's deployment in ``CheckResult.reports``."""
     finding: str | None = None
-    """The audit's verdict in a few words (``AuditResult.finding``): ``4.00×``, ``1.00×, 24 layers got 0 B``."""
+    """The audit's verdict in a few words (``AuditResult.finding``): ``4.00×``, ``24 layers got 0 B``."""
 
     @property
     def as_expected(self) -> bool:

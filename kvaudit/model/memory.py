@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.errors import UsageError
-from kvaudit.model.vllm_modules import module
 from kvaudit.model.spec import EXPERT_COUNTS
+from kvaudit.model.vllm_modules import module
 from kvaudit.units import GiB, MiB
 from kvaudit.versions import version_key
 

@@ -14,8 +14,6 @@ import atexit
 import contextlib
 import copy
 import dataclasses
-import importlib
-import importlib.metadata
 import math
 import os
 import shutil
