@@ -17,8 +17,8 @@ USAGE = "[MODEL] [OPTIONS]"
 """MODEL: a preset's name, a Hub id, a model folder or a config.json (``--preset`` or ``--model`` made explicit by
 ``kvaudit.cli.app``)."""
 HELP = "Audit a model (--model: a Hub id, a folder, a config.json) or a preset (--preset)."
-DESCRIPTION = ("Audit the KV-cache allocation of a model under each strategy. MODEL: a shipped model's name, a Hub id "
-               "(org/name), a model folder or a config.json (the same as --preset or --model).")
+DESCRIPTION = ("Audit the KV-cache allocation of MODEL under each strategy: a shipped model's name, a Hub id, a "
+               "model folder or a config.json (as --preset or --model).")
 
 
 def run(a: Any) -> int:

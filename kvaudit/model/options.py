@@ -116,7 +116,8 @@ DEPLOYMENT_OPTIONS = (
         f"gpu_memory_utilization, in (0, 1] (default: the emulated vLLM's, {default_utilization_text()}).",
         DEPLOY),
     Opt("device", Optional[str], None, ("--device",), "Device kind: its memory as torch reports it, its platform, and the "
-        f"name and capability vLLM's defaults read ({', '.join(DEVICES)}).", DEPLOY),
+        f"name and capability vLLM's defaults read ({len(DEVICES)} kinds, e.g. h100-80g, atlas-a2-64g; an unknown one "
+        "lists them all).", DEPLOY),
     Opt("device_memory", Optional[str], None, ("--device-memory",),
         "Device memory, e.g. 80GiB: replaces the --device kind's (which it needs: the kind's rules still plan).",
         DEPLOY),
