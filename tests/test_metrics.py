@@ -1,7 +1,8 @@
 """A vLLM server's ``/metrics`` read with prometheus_client's parser (``kvaudit.triage.metrics``): the exposition vLLM's
 own code writes (its ``CacheConfig.metrics_info()`` through a prometheus_client gauge, as ``log_metrics_info`` in
-``vllm/v1/metrics/loggers.py`` does), real pasted ones (``fixtures/live/``, each cited in its SOURCES.md), and text
-that is not a vLLM server's."""
+``vllm/v1/metrics/loggers.py`` does), real pasted ones (``fixtures/live/``, each cited in its SOURCES.md), text that
+is not a vLLM server's, and a real HTTP server in this process answering them (``kvaudit.network.http_get``: bearer
+token, refusals, timeouts, size)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,98 @@ def test_a_config_figure_that_is_not_one_is_refused_in_one_line():
     assert m.engines[0].config_int("num_gpu_blocks") is None
     with pytest.raises(UsageError, match="block_size='sixteen' is not a whole number"):
         m.engines[0].config_int("block_size")
+
+
+# --- a real server's endpoint, over HTTP (kvaudit.network.http_get) ----------------------------------------------------
+
+
+@pytest.fixture
+def server():
+    """A real HTTP server in this process: ``/metrics`` answers the whole dump of a V1 server
+    (fixtures/live/metrics), ``/secure/metrics`` the same behind a bearer token, ``/broken`` a proxy's 502 page."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = (LIVE / "hardware-aware-router-vllm_metrics-v0.11-era.metrics.txt").read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/secure/metrics" and self.headers.get("Authorization") != "Bearer s3cret-key":
+                self.send_response(401)
+                self.end_headers()
+                return
+            if self.path in ("/metrics", "/secure/metrics"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == "/broken":
+                self.send_response(502)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(b"<html><body><h1>502 Bad Gateway</h1></body></html>")
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_servers_metrics_read_over_http_are_the_servers(server):
+    from kvaudit.network import http_get
+
+    m = read_metrics(http_get(server + "/metrics"), server + "/metrics")
+    assert (m.engines[0].config_int("num_gpu_blocks"), m.engines[0].model_name) == (2452, "Qwen/Qwen1.5-0.5B-Chat")
+    assert read_metrics(http_get(server + "/secure/metrics", api_key="s3cret-key")).engines[0].config_int(
+        "num_gpu_blocks") == 2452
+
+
+def test_what_a_server_answers_instead_is_one_line_with_its_exit_code(server, monkeypatch):
+    """A key missing or refused, an address that is not there: exit 2, what to fix; a proxy's 502, a refused
+    connection, a server that never answers: exit 3. No message holds the key or a password of the address."""
+    import socket
+    import time
+
+    from kvaudit import network
+    from kvaudit.network import ENV, NetworkError, http_get
+
+    with pytest.raises(UsageError, match=r"/secure/metrics: HTTP 401: the server wants an API key \(--api-key"):
+        http_get(server + "/secure/metrics")
+    with pytest.raises(UsageError, match="refused the API key given") as refused:
+        http_get(server.replace("http://", "http://admin:hunter2@") + "/secure/metrics", api_key="wrong-key")
+    assert "wrong-key" not in refused.value.message and "hunter2" not in refused.value.message
+    with pytest.raises(UsageError, match="HTTP 404: no such address"):
+        http_get(server + "/nothing")
+    with pytest.raises(NetworkError, match="/broken: HTTP 502") as proxy:
+        http_get(server + "/broken")
+    assert proxy.value.exit_code == 3
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(NetworkError, match="cannot connect"):
+        http_get(f"http://127.0.0.1:{port}/metrics")
+    silent = socket.socket()  # accepts (the kernel's backlog) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    monkeypatch.setenv(ENV, "0.5")
+    start = time.monotonic()
+    try:
+        with pytest.raises(NetworkError, match=r"did not answer within 0.5 s \(KVAUDIT_NETWORK_TIMEOUT\)"):
+            http_get(f"http://127.0.0.1:{silent.getsockname()[1]}/metrics")
+    finally:
+        silent.close()
+    assert time.monotonic() - start < 10
+    monkeypatch.setattr(network, "MAX_BODY_BYTES", 1000)  # (the dump is 45 KB)
+    with pytest.raises(UsageError, match=r"/metrics: the answer is larger than 1000 B; kvaudit reads no more"):
+        http_get(server + "/metrics")
+    with pytest.raises(UsageError, match="is not an http:// or https:// address"):
+        http_get("file:///etc/passwd")
