@@ -34,7 +34,7 @@ def panel(*, name: str, params: list[Any], ctx: Any, console: Any, **kwargs: Any
 
     if not params:
         return
-    rows = [(names(p, ctx), help_text(p, ctx, kwargs.get("markup_mode", "rich"))) for p in params]
+    rows = [(names(p), help_text(p, ctx, kwargs.get("markup_mode", "rich"))) for p in params]
     inner = max(20, console.width - 4)  # (the panel's border and padding)
     column = min(max(len(n) for n, _ in rows), max(12, inner // 3))
     parts: list[Any] = []
@@ -57,7 +57,7 @@ def panel(*, name: str, params: list[Any], ctx: Any, console: Any, **kwargs: Any
 panel.kvaudit = True  # type: ignore[attr-defined]
 
 
-def names(param: Any, ctx: Any) -> str:
+def names(param: Any) -> str:
     """An option's names as typed, then the value it takes (``--strategy, -s TEXT``, as ``Opt.metavar`` declares
     it; a flag none; a switch ``--x / --no-x``); an argument's name in capitals."""
     if getattr(param, "param_type_name", "") == "argument":

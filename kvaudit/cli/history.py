@@ -47,7 +47,8 @@ def run(a: Any) -> int:
     else:
         show(render(rows, head))
         page_hint(a)
-    write_text_pages(a, render(rows, head), f"kvaudit history {spec.name}", head)
+    if a.html or a.svg:  # (the table and chart, rendered again only for a page)
+        write_text_pages(a, render(rows, head), f"kvaudit history {spec.name}", head)
     audited = [r for r in rows if r.ratio is not None]
     return 1 if any(r.verdict == "FAIL" for r in audited) and audited[-1].verdict == "FAIL" else (
         0 if audited else 3)

@@ -36,19 +36,22 @@ class EngineMetrics:
 
     def config_int(self, key: str) -> int | None:
         """An integer field of the CacheConfig (``num_gpu_blocks``, ``block_size``), ``None`` where unset."""
-        value = self.cache_config.get(key)
-        try:
-            return int(value) if value not in (None, "None", "") else None
-        except ValueError:
-            raise UsageError(f"{CACHE_CONFIG}: {key}={value!r} is not a whole number") from None
+        return self._config(key, int, "a whole number")
 
     def config_float(self, key: str) -> float | None:
         """A fractional field of the CacheConfig (``gpu_memory_utilization``), ``None`` where unset."""
+        return self._config(key, float, "a number")
+
+    def _config(self, key: str, kind: Any, what: str) -> Any:
+        """A CacheConfig field as ``kind``; vLLM's ``"None"`` (or no label) is ``None``, anything else a one-line
+        ``UsageError``."""
         value = self.cache_config.get(key)
+        if value in (None, "None", ""):
+            return None
         try:
-            return float(value) if value not in (None, "None", "") else None
+            return kind(value)
         except ValueError:
-            raise UsageError(f"{CACHE_CONFIG}: {key}={value!r} is not a number") from None
+            raise UsageError(f"{CACHE_CONFIG}: {key}={value!r} is not {what}") from None
 
 
 @dataclass(frozen=True)
