@@ -21,6 +21,12 @@ DEFAULT_TOLERANCE = 0.005
 """Relative tolerance: 0.5 % of the planned bytes (``--tolerance``), for every command."""
 
 
+OBSERVED_USE_TOLERANCE = 0.03
+"""How far a device's observed use (a smi table, a report's "used 0.85 of the NPU") may be from a projection of it, as a
+share of the device's memory: the runtime's context, the allocator's cached blocks and a snapshot's timing move it by
+a few percent. ``kvaudit live`` and triage judge observed use with it."""
+
+
 def valid_tolerance(tolerance: float) -> bool:
     """Whether a relative tolerance on the planned bytes is one kvaudit takes: a fraction in [0, 1)."""
     return 0.0 <= tolerance < 1.0

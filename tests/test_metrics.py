@@ -1,4 +1,4 @@
-"""A vLLM server's ``/metrics`` read with prometheus_client's parser (``kvaudit.triage.metrics``): the exposition vLLM's
+"""A vLLM server's ``/metrics`` read with prometheus_client's parser (``kvaudit.server.metrics``): the exposition vLLM's
 own code writes (its ``CacheConfig.metrics_info()`` through a prometheus_client gauge, as ``log_metrics_info`` in
 ``vllm/v1/metrics/loggers.py`` does), real pasted ones (``fixtures/live/``, each cited in its SOURCES.md), text that
 is not a vLLM server's, and a real HTTP server in this process answering them (``kvaudit.network.http_get``: bearer
@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from kvaudit.errors import UsageError
-from kvaudit.triage.metrics import read_metrics
+from kvaudit.server.metrics import read_metrics
 
 pytestmark = pytest.mark.fast
 

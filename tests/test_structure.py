@@ -14,7 +14,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.fast
 
 PACKAGE = ROOT / "kvaudit"
-STAGES = ("model", "plan", "strategies", "measure", "report", "triage ci", "cli")
+STAGES = ("model", "plan", "strategies", "measure", "server", "report", "triage ci", "cli")
 """The folders, lowest first; folders on one line (``triage ci``) stand side by side and import neither."""
 RANK = {folder: i for i, line in enumerate(STAGES) for folder in line.split()}
 ENTRY_POINTS = {"kvaudit", "kvaudit.__main__"}

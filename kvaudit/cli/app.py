@@ -23,7 +23,7 @@ from typing import Annotated, Any, Callable
 import typer
 
 from kvaudit import __version__
-from kvaudit.cli import audit, check, compare, history, meters, models, plan, triage
+from kvaudit.cli import audit, check, compare, history, live, meters, models, plan, triage
 from kvaudit.cli.options import AUDIT_OPTIONS
 from kvaudit.cli.output import note
 from kvaudit.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_MEASURED, KvauditError,
@@ -36,7 +36,7 @@ DESCRIPTION = ("Audit a KV-cache allocator against vLLM's own plan: expected vs 
                "and group, with a verdict. Exit codes: "
                + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + ".")
 
-COMMANDS = tuple(c.NAME for c in (audit, plan, check, compare, models, triage, history, meters))
+COMMANDS = tuple(c.NAME for c in (audit, plan, check, compare, models, triage, live, history, meters))
 """The command names, as error messages list them."""
 
 
@@ -61,7 +61,7 @@ def build_app() -> typer.Typer:
                   fixed={"preset": name, "config": None, "plan": None, "revision": None, "trust_remote_code": False},
                   description=f"Audit {preset.title}: TP {preset.tp}, max-model-len {preset.max_model_len}, "
                               f"{preset.device}, unless options say otherwise.")
-    for command in (plan, check, compare, triage, history, models, meters):
+    for command in (plan, check, compare, triage, live, history, models, meters):
         _command(app, command)
     return app
 

@@ -25,6 +25,15 @@ class TriageFormat(str, Enum):
     json = "json"
 
 
+class LiveFormat(str, Enum):
+    """Output formats of ``kvaudit live``."""
+
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    junit = "junit"
+
+
 class Detail(str, Enum):
     """How much of each strategy's audit the table shows."""
 
@@ -97,3 +106,17 @@ MODEL_ARGUMENT = Opt("model", str, ..., (), f"A shipped model ({', '.join(PRESET
 SINCE = Opt("since", Optional[str], None, ("--since",), "The first release to audit (default: every published one).")
 NAMES = Opt("names", Optional[list[str]], None, (), "Only these presets.", argument=True)
 PROBE_INDEX = Opt("device_index", int, 0, ("--device-index",), "Which npu/cuda device to probe.")
+URL = Opt("url", str, ..., (), "The server's address, e.g. http://HOST:8000 (its /metrics, /v1/models, /version and "
+          "/server_info are read).", argument=True)
+API_KEY = Opt("api_key", Optional[str], None, ("--api-key",),
+              "The server's API key (sent as a bearer token, never printed; default: VLLM_API_KEY).")
+SMI = Opt("smi", Optional[str], None, ("--smi",),
+          "nvidia-smi (its table, or --query-compute-apps / --query-gpu CSV) or npu-smi info output from the "
+          "server's host: a file, or - for stdin (default: run nvidia-smi or npu-smi here, where one is installed).",
+          AUDIT)
+LIVE_FORMAT = Opt("fmt", LiveFormat, LiveFormat.table, ("--format",),
+                  "table, json, markdown or junit (a CI gate: a failure for a finding).", OUTPUT)
+WATCH = Opt("watch", Optional[float], None, ("--watch",),
+            "Read /metrics (and the smi, where run here) again every N seconds: KV-cache usage, requests and device "
+            "memory over time, a line each; Ctrl-C ends it.", OUTPUT)
+COUNT = Opt("count", Optional[int], None, ("--count",), "With --watch: stop after this many reads.", OUTPUT)

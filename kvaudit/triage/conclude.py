@@ -23,6 +23,7 @@ from kvaudit.model.deployment import DEVICES, PRESETS, Deployment, load_model, l
 from kvaudit.model.memory import default_gpu_memory_utilization
 from kvaudit.model.hub import names_hub_model
 from kvaudit.model.spec import ModelSpec
+from kvaudit.results import OBSERVED_USE_TOLERANCE
 from kvaudit.triage.commands import OWN_READER
 from kvaudit.triage.causes import (CAUSES, SAID, asks, cause_of, deciding_terms, phase_of, release_changes,
                                    own_ledger, rests_on, stated_device)
@@ -1067,7 +1068,7 @@ def _choose(ev: Evidence, audited: list[tuple[_Candidate, Any]],
     if seen is not None:
         asked, observed = seen.value
         use = {c.label: _projected_use(c.strategy, r, d, asked) for c, r in audited}
-        near = [(c, r) for c, r in audited if abs(use[c.label] - observed) <= 0.03]
+        near = [(c, r) for c, r in audited if abs(use[c.label] - observed) <= OBSERVED_USE_TOLERANCE]
         if near and len({_answer(r) for _, r in near}) == 1:
             at = f" at {asked}" if asked is not None else ""
             return _merged(near), (f"The release is inferred from the use the report observed ({observed} of the device{at}, "

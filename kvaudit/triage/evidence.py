@@ -25,6 +25,7 @@ from typing import Any
 from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
 from kvaudit.model.hub import is_hub_id
+from kvaudit.server import smi
 from kvaudit.triage.changes import CHANGES
 from kvaudit.triage.commands import (BARE_ALIASES, Launch, command_words, config_blocks, expand, read_call, read_config,
                                      read_words, split, stated_settings)
@@ -464,17 +465,6 @@ _EXCEPTION = re.compile(r"(?:^|[\]>|]\s*|\s)(?P<v>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Err
 exception classes."""
 _LOG_PREFIX = re.compile(rf"{LEVEL_START.pattern}|^\s*\[?(?:pip3?|conda)\]?\s")
 """A line a program printed (a log record, a package list), not a sentence of the reporter's."""
-_NPU_SMI_CHIP = re.compile(
-    r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|\s*\d+\s+\d+\s*/\s*\d+\s+"
-    r"(?P<used>\d{1,18})\s*/\s*(?P<total>\d{1,18})\s*\|")
-_NPU_SMI_NAME = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+(?P<name>(?:Ascend)?\w+)\s*\|\s*(?:OK|Warning|Alarm|Critical|\w+)\s*\|")
-_NPU_SMI_PROCESS = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+\d+\s*\|\s*(?P<pid>\d{1,18})\s*\|\s*(?P<name>\S+)\s*\|\s*(?P<mb>\d{1,18})\s*\|")
-_NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d{1,18})\s+\S+\s+\S+\s+(?P<pid>\d{1,18})\s+[CG]\s+(?P<name>\S+)\s+(?P<mb>\d{1,18})MiB\s*\|")
-_NVIDIA_TEMP_POWER = re.compile(r"(?<!\d)\d{1,3}C\s+P\d{1,2}(?!\d)")
-_NVIDIA_USAGE = re.compile(r"^\s*(?P<used>\d{1,9})MiB\s*/\s*(?P<total>\d{1,9})MiB\s*$")
-"""nvidia-smi's device row, cell by cell (``|  30%  35C  P0  70W / 300W |  1234MiB / 81920MiB |``): the usage
-cell after one holding the temperature and performance state."""
-_NVIDIA_NAME = re.compile(r"^\|\s+(?P<gpu>\d{1,18})\s+(?P<name>NVIDIA .+?|Tesla .+?)\s+(?:On|Off)\s+\|")
 _DEVICE_NAMES = [  # device kinds named in prose, the kvaudit device they map to (deployment.DEVICES)
     (re.compile(r"\bH100\b", re.IGNORECASE), "h100-80g"),
     (re.compile(r"\bH200\b", re.IGNORECASE), "h200-141g"),
@@ -1443,24 +1433,16 @@ def _after_capture(phase: tuple[str, int] | None, funcs: dict[int, str],
 
 
 def _smi(ev: Evidence, n: int, line: str) -> None:
-    if m := _NPU_SMI_PROCESS.search(line) or _NVIDIA_PROCESS.search(line):
-        ev.add("device_process_mb", int(m["mb"]), n, line)
-    elif m := _NPU_SMI_NAME.search(line):
-        ev.add("device_name", m["name"], n, line)
-        ev.add("platform", "ascend", n, line)
-    elif m := _NPU_SMI_CHIP.search(line):
-        ev.add("hbm_used_mb", int(m["used"]), n, line)
-        ev.add("hbm_total_mb", int(m["total"]), n, line)
-    elif m := _NVIDIA_NAME.search(line):
-        ev.add("device_name", m["name"].strip(), n, line)
-        ev.add("platform", "cuda", n, line)
-    else:
-        cells = line.split("|")
-        for before, cell in zip(cells, cells[1:]):
-            if "MiB" in cell and (m := _NVIDIA_USAGE.match(cell)) and _NVIDIA_TEMP_POWER.search(before):
-                ev.add("hbm_used_mb", int(m["used"]), n, line)
-                ev.add("hbm_total_mb", int(m["total"]), n, line)
-                break
+    """A line of a smi table, read by ``kvaudit.server.smi`` (as ``kvaudit live`` reads the tables whole)."""
+    for kind, value in smi.read_line(line):
+        if kind == "process":
+            ev.add("device_process_mb", value[3], n, line)
+        elif kind == "device_name":
+            ev.add("device_name", value[1], n, line)
+            ev.add("platform", value[2], n, line)
+        elif kind == "usage":
+            ev.add("hbm_used_mb", value[0], n, line)
+            ev.add("hbm_total_mb", value[1], n, line)
 
 
 _ALL_WORDS = _all_words()
