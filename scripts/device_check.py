@@ -13,7 +13,10 @@ prepare`` saved: the plans vLLM made and the meta audits of them. Checks, in ord
 5. ``bench/bench.py``'s device time per strategy against the fill-bandwidth floor;
 6. on a CUDA host where vLLM is installed, vLLM's own memory profile of a start with dummy weights (its "Model
    loading took", "Free memory on device ... Actual usage is" and "Available KV cache memory" lines) against each of
-   kvaudit's terms for the same deployment on this device (``compare_terms``); skipped, saying why, elsewhere.
+   kvaudit's terms for the same deployment on this device (``compare_terms``); skipped, saying why, elsewhere;
+7. on the same host, vLLM's OpenAI server started with that model (dummy weights) and ``kvaudit live`` run against it
+   (its /metrics and nvidia-smi here): the server should hold its plan (``check_live``); skipped, saying why,
+   elsewhere.
 """
 
 from __future__ import annotations
@@ -226,6 +229,58 @@ def check_terms(device: str | None) -> dict:
             "vllm_exit_code": p.returncode, "terms": rows, "tail": log.strip().splitlines()[-12:]}
 
 
+LIVE_TIMEOUT_S = 300
+"""How long the server may take to start (load dummy weights, profile, capture graphs) before the check gives up."""
+
+
+def check_live(device: str | None) -> dict:
+    """vLLM's OpenAI server started here with ``TERMS_MODEL`` (dummy weights), then ``kvaudit live`` against it."""
+    import importlib.util
+    import socket
+    import urllib.request
+
+    if device != "cuda":
+        return {"status": "skipped", "reason": "starting vLLM's server needs a CUDA host (vllm-ascend's, an NPU one "
+                                               "with vllm-ascend installed: not tried here)"}
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("fastapi") is None:
+        return {"status": "skipped", "reason": "vLLM's server is not installed on this host (vllm with fastapi and "
+                                               "uvicorn): it is what kvaudit live reads"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TERMS_MODEL),
+                               "--load-format", "dummy", "--port", str(port), "--host", "127.0.0.1",
+                               "--max-model-len", str(TERMS_OPTIONS["max_model_len"]),
+                               "--gpu-memory-utilization", str(TERMS_OPTIONS["gpu_memory_utilization"])],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + LIVE_TIMEOUT_S
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                body = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+                if 'num_gpu_blocks="' in body and 'num_gpu_blocks="None"' not in body:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        else:
+            return {"status": "fail", "reason": f"vLLM's server did not come up in {LIVE_TIMEOUT_S} s "
+                                                f"(exit {server.poll()})"}
+        p = subprocess.run([sys.executable, "-m", "kvaudit", "live", url, "--model", str(TERMS_MODEL), "--format",
+                            "json"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+        return {"status": "pass" if p.returncode == 0 else "fail", "exit_code": p.returncode,
+                "verdict": doc.get("verdict"), "findings": doc.get("findings"), "devices": doc.get("devices"),
+                "num_gpu_blocks": doc.get("num_gpu_blocks"), "tail": p.stderr.strip().splitlines()[-3:]}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 def markdown(res: dict) -> str:
     gib = 1 << 30
     out = [f"# kvaudit device check, {res['date']}", "",
@@ -251,6 +306,8 @@ def markdown(res: dict) -> str:
         elif name == "bench" and c.get("rows"):
             fig = "; ".join(f"{r['strategy']} {r['seconds'] * 1000:.1f} ms (floor {r['floor_seconds'] * 1000:.1f} ms)"
                             for r in c["rows"])
+        elif name == "live" and c.get("verdict"):
+            fig = f"{c['verdict']} (exit {c['exit_code']}); num_gpu_blocks {c.get('num_gpu_blocks')}"
         elif name == "terms" and c.get("terms"):
             fig = "; ".join(f"{r['term']} {r['ratio']}× of vLLM's" for r in c["terms"] if r["ratio"] is not None)
         elif c.get("reason"):
@@ -278,6 +335,7 @@ def main() -> int:
                    ("oom_on_purpose", lambda: check_oom_on_purpose(a.plans, device)),
                    ("bench", lambda: check_bench(a.plans))]
     checks.append(("terms", lambda: check_terms(device)))
+    checks.append(("live", lambda: check_live(device)))
     for name, run in checks:
         t = time.perf_counter()
         try:

@@ -100,6 +100,7 @@ def test_the_terms_check_reads_vllms_own_profile_and_sets_each_term_beside_it():
     assert rows["peak_activation"]["modelled"] == next(t.bytes for t in d.overhead_terms if t.key == "peak_activation")
     assert rows["kv_budget"]["ratio"] == round(d.kv_budget_bytes / rows["kv_budget"]["logged"], 3)
     assert dc.check_terms(None)["status"] == "skipped" and "CUDA host" in dc.check_terms(None)["reason"]
+    assert dc.check_live(None)["status"] == "skipped" and "CUDA host" in dc.check_live(None)["reason"]
     # where vLLM logs its graph estimate (0.18+), that is the figure the term is set beside, not the pool it captured
     key = "cuda/tokenkaki-qwen3-8b-a100-40g"
     entry = startup.cases()[key]

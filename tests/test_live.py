@@ -3,8 +3,9 @@
 (``fixtures/live/server``), and the command against a real HTTP server in this process.
 
 The served scenario of the verdict tests is a real one: vLLM 0.19.1 serving Qwen/Qwen3-8B on one A100-SXM4-40GB at the
-default utilization 0.9 (dariustanrd/tokenkaki, cited in fixtures/live/smi/SOURCES.md), whose start-up log prints
-``GPU KV cache size: 140,960 tokens`` (8,810 blocks of 16) and whose nvidia-smi table shows the engine at 39,336 MiB.
+default utilization 0.9 (dariustanrd/tokenkaki, cited in fixtures/live/smi/SOURCES.md), whose start-up log
+(``fixtures/startup-logs/cuda/tokenkaki-qwen3-8b-a100-40g.log``) prints ``GPU KV cache size: 140,960 tokens`` (8,810
+blocks of 16) and whose nvidia-smi table shows the engine at 39,336 MiB.
 Its ``/metrics`` and ``/v1/models`` are written by the installed vLLM's own code (``CacheConfig.metrics_info()``
 through a prometheus_client gauge, as ``log_metrics_info`` does; ``ModelList``/``ModelCard``) with those figures."""
 
@@ -79,11 +80,20 @@ def _models(model: str, max_model_len: int) -> str:
     return p.ModelList(data=[p.ModelCard(id=model, root=model, max_model_len=max_model_len)]).model_dump_json()
 
 
+TOKENKAKI_LOG = ROOT / "fixtures" / "startup-logs" / "cuda" / "tokenkaki-qwen3-8b-a100-40g.log"
+"""The same server's start-up log (fixtures/startup-logs/SOURCES.md)."""
+
+
 def _tokenkaki(util: float = 0.9) -> dict[str, tuple[int, str]]:
-    """The tokenkaki server's endpoints (``util``: what its /metrics says it was started with)."""
-    return {"/metrics": (200, _metrics(140_960 // 16, block_size=16, gpu_memory_utilization=util,
+    """The tokenkaki server's endpoints, with the figures its start-up log states (read by triage's log reader);
+    ``util``: what its /metrics says it was started with."""
+    from kvaudit.triage.evidence import clean_lines, extract
+
+    ev = extract(clean_lines(TOKENKAKI_LOG.read_text()))
+    assert (ev.value("kv_cache_tokens"), ev.value("max_model_len")) == (140_960, 40_960)
+    return {"/metrics": (200, _metrics(ev.value("kv_cache_tokens") // 16, block_size=16, gpu_memory_utilization=util,
                                        enable_prefix_caching=True)),
-            "/v1/models": (200, _models("Qwen/Qwen3-8B", 40_960)),
+            "/v1/models": (200, _models("Qwen/Qwen3-8B", ev.value("max_model_len"))),
             "/version": (200, '{"version":"0.19.1"}')}
 
 
@@ -265,3 +275,63 @@ def test_a_strategy_that_allocates_twice_the_plan_is_named_by_its_signature():
     smi = SmiReading("npu-smi", (SmiDevice(0, "910B3", held, 65536),), (SmiProcess(0, 1, "VLLMWorker_TP", held, 1),))
     r = live_audit(served, smi, None, spec, None, list(STRATEGIES.values()), 0.005)
     assert (r.verdict, r.matching) == (OVER, ("ascend-0.12",)) and round(r.factor, 1) == 2.0
+
+
+METRICS = ROOT / "fixtures" / "live" / "metrics"
+
+
+@pytest.mark.parametrize("paste,blocks,util", [
+    ("vllm-pr3100-v0.3.x.metrics.txt", 24188, 0.9),
+    ("oci-ai-blueprints-INSTALLING_README.metrics.txt", 10947, 0.9),
+    ("vllm-28924-v0.11.0.metrics.txt", 9271, 0.65),
+    ("hardware-aware-router-vllm_metrics-v0.11-era.metrics.txt", 2452, 0.25),
+], ids=["0.3", "V0", "0.11.0", "0.11 whole dump"])
+def test_real_metrics_of_each_label_set_are_served_and_planned(paste, blocks, util, capsys):
+    """Each release's label set, served as the source pasted it (a curl line and all): the server's num_gpu_blocks and
+    utilization are read and planned; the model is given (these servers' /v1/models were not published), and without
+    smi output nothing is measured (exit 3)."""
+    # (the length is given too: the served blocks of a 0.5B model at 0.25 hold no request of Llama's 131,072 tokens)
+    routes = {"/metrics": (200, (METRICS / paste).read_text())}
+    with serving(routes) as url:
+        code, out, err = _live([url, "--model", "meta-llama/Meta-Llama-3.1-8B-Instruct", "--device", "h100-80g",
+                                "--max-model-len", "8192", "--format", "json"], capsys)
+    assert code == 3, err
+    doc = json.loads(out)
+    assert doc["num_gpu_blocks"]["served"] == blocks and doc["capacity"]["tokens"] == blocks * 16
+    assert {s["flag"]: s["served"] for s in doc["settings"]}["--gpu-memory-utilization"] == util
+    assert doc["verdict"] == "not measured"
+
+
+def test_watch_reads_the_usage_again_a_line_each(capsys):
+    with serving(_tokenkaki()) as url:
+        code, out, err = _live([url, "--smi", str(TOKENKAKI), "--format", "json", "--watch", "0.01", "--count", "3"],
+                               capsys)
+    assert code == 0
+    watched = [line for line in out.splitlines() if "engine 0: KV 25.0%, running 3, waiting 0" in line]
+    assert len(watched) == 2  # (the first read is the report's)
+
+
+def test_the_pytest_plugin_audits_a_server_by_its_url():
+    from kvaudit.ci.pytest_plugin import live_check
+
+    with serving(_tokenkaki()) as url:
+        report = live_check(url, SMI, smi=TOKENKAKI.name)
+        assert report.verdict == "matches the plan"
+        with pytest.raises(pytest.fail.Exception, match=r"SETTINGS DIFFER.*\n--gpu-memory-utilization: the server "
+                                                        r"runs 0.9"):
+            live_check(url, SMI, smi=TOKENKAKI.name, util=0.7)
+        with pytest.raises(pytest.skip.Exception, match="NOT MEASURED"):
+            live_check(url, SMI, smi=None)  # (no nvidia-smi on this machine, or one with no server's process)
+    with serving(_tokenkaki(util=0.8)) as url, pytest.raises(pytest.fail.Exception, match="OVER-ALLOCATED"):
+        live_check(url, SMI, smi=TOKENKAKI.name)
+    from kvaudit.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown option 'utilization'"):
+        live_check("http://127.0.0.1:9", SMI, utilization=0.7)
+
+
+def test_triage_reads_a_pasted_metrics_with_the_same_reader():
+    from kvaudit.triage.evidence import clean_lines, extract
+
+    ev = extract(clean_lines((METRICS / "vllm-28924-v0.11.0.metrics.txt").read_text()))
+    assert (ev.value("gpu_memory_utilization"), ev.value("gpu_blocks"), ev.value("block_size")) == (0.65, 9271, 16)

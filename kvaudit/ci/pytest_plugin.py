@@ -1,4 +1,5 @@
-"""pytest plugin (pytest11): ``@pytest.mark.kv_cache_within`` and the ``kvaudit_plan`` fixture audit an allocator."""
+"""pytest plugin (pytest11): ``@pytest.mark.kv_cache_within`` and the ``kvaudit_plan`` fixture audit an allocator;
+``kvaudit_live`` audits a running server against vLLM's plan."""
 
 from __future__ import annotations
 
@@ -372,6 +373,60 @@ def kvaudit_audit(request: pytest.FixtureRequest) -> Callable[..., AuditResult]:
         pytest.skip(skipped)
 
     return audit
+
+
+def live_check(url: str, base: Path, *, smi: str | Path | None = None, model: str | None = None,
+               api_key: str | None = None, percent: float = DEFAULT_PERCENT, **options: Any) -> Any:
+    """``kvaudit live`` for a test: the server at ``url`` judged against vLLM's plan (``smi``: a file of its
+    nvidia-smi / npu-smi output, relative to the test's folder; else the tool run here where ``url`` is this
+    machine). The test fails, in one message, on a finding (the device over or below the plan, settings other than
+    ``options`` say) and skips where no device memory was read; it returns ``kvaudit.server.live.LiveReport``."""
+    from types import SimpleNamespace
+
+    from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED
+    from kvaudit.report.live import summary_line
+    from kvaudit.server.live import audit_server
+    from kvaudit.server.smi import run_smi
+
+    __tracebackhide__ = True
+    unknown = sorted(set(options) - set(DEPLOYMENT_OPTIONS))
+    wrong = [k for k, v in options.items() if k in DEPLOYMENT_OPTIONS and not accepts(v, DEPLOYMENT_OPTIONS[k])]
+    if unknown or wrong:
+        raise UsageError(f"kvaudit_live({url!r}, ...): " + (f"unknown option {unknown[0]!r} (the deployment options: "
+                         f"{', '.join(DEPLOYMENT_OPTIONS)})" if unknown else
+                         f"{wrong[0]}={options[wrong[0]]!r} is not {_KINDS[DEPLOYMENT_OPTIONS[wrong[0]]]}"))
+    if smi is not None:
+        path = Path(smi) if Path(smi).is_absolute() else base / smi
+        text, source = path.read_text(errors="replace"), str(path)
+    else:
+        text, source = run_smi()
+    asked = SimpleNamespace(**{name: options.get(name) for name in DEPLOYMENT_OPTIONS})
+    try:
+        report = audit_server(url, api_key=api_key or os.environ.get("VLLM_API_KEY") or None, smi_text=text,
+                              smi_source=source, model=model, asked=asked, tolerance=percent / 100)
+    except KvauditError as e:
+        failed = f"kvaudit live: {e.message}"
+    else:
+        failed = None
+    if failed is not None:  # raised outside the handler: one line, not a chain
+        pytest.fail(failed, pytrace=False)
+    if report.exit_code == EXIT_FAIL:
+        pytest.fail("\n".join([summary_line(report), *report.findings]), pytrace=False)
+    if report.exit_code == EXIT_NOT_MEASURED:
+        pytest.skip(f"{summary_line(report)} ({source})")
+    return report
+
+
+@pytest.fixture
+def kvaudit_live(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """``kvaudit_live(url, *, smi=None, model=None, api_key=None, **deployment)`` -> ``LiveReport``: a running server
+    audited against vLLM's plan after a deployment (``live_check``)."""
+
+    def live(url: str, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        return live_check(url, _test_dir(request.node), **kwargs)
+
+    return live
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvaudit.cli.options import (API_KEY, CONFIG, COUNT, LIVE_FORMAT, REVISION, SMI, STRATEGY, TOLERANCE,
                                  TRUST_REMOTE_CODE, URL, WATCH, LiveFormat)
-from kvaudit.cli.output import BUILDING, note, show, step, write
+from kvaudit.cli.output import BUILDING, note, show, step
 from kvaudit.errors import UsageError
 from kvaudit.model.options import DEPLOYMENT_OPTIONS
 from kvaudit.results import check_tolerance
@@ -30,13 +30,14 @@ DESCRIPTION = ("Read a running server's own endpoints (/metrics: its CacheConfig
                "measured.")
 SMI_LIMIT = 1 << 20
 """The most smi output read (a table of 16 devices is under 10 KB)."""
-SMI_COMMANDS = (("nvidia-smi", ["nvidia-smi"]), ("npu-smi", ["npu-smi", "info"]))
 
 
 def run(a: Any) -> int:
     """Read the server, plan and judge; then, with ``--watch``, read it again every N seconds."""
+    from types import SimpleNamespace
+
     from kvaudit.report import live as out
-    from kvaudit.server.endpoints import read_server
+    from kvaudit.server.live import audit_server
 
     check_tolerance(a.tolerance)
     if a.watch is not None and not 0 < a.watch <= 86400:
@@ -44,13 +45,13 @@ def run(a: Any) -> int:
     if a.count is not None and a.count < 1:
         raise UsageError(f"--count {a.count}: give how many reads, at least 1")
     api_key = a.api_key or os.environ.get("VLLM_API_KEY") or None
-    served = read_server(a.url, api_key)
     smi_text, smi_source = _smi_text(a)
-    from kvaudit.server.smi import read_smi
-
-    smi = read_smi(smi_text, smi_source) if smi_text is not None else None
+    asked = SimpleNamespace(**{o.name: (getattr(a, o.name, None) if getattr(a, o.name, o.default) != o.default
+                                        else None) for o in DEPLOYMENT_OPTIONS})
     with step(BUILDING):
-        report = _audit(a, served, smi)
+        report = audit_server(a.url, api_key=api_key, smi_text=smi_text, smi_source=smi_source, model=a.config,
+                              revision=a.revision, trust_remote_code=a.trust_remote_code, asked=asked,
+                              strategies=a.strategy, tolerance=a.tolerance, note=note)
     fmt = LiveFormat(a.fmt)
     if fmt is LiveFormat.json:
         sys.stdout.write(out.to_json(report) + "\n")
@@ -67,50 +68,11 @@ def run(a: Any) -> int:
     return report.exit_code
 
 
-def _audit(a: Any, served: Any, smi: Any) -> Any:
-    """The live audit of ``served``: the model the options or the server name, the strategies, the settings asked."""
-    from types import SimpleNamespace
-
-    from kvaudit.server.live import live_audit, served_settings
-    from kvaudit.strategies.builtin import STRATEGIES
-    from kvaudit.strategies.resolve import resolve_strategies
-
-    served_settings(served, None)  # (a server whose /metrics will not do is told before its model is loaded)
-    spec, preset = _model(a, served)
-    asked = SimpleNamespace(**{o.name: (getattr(a, o.name, None) if getattr(a, o.name, o.default) != o.default
-                                        else None) for o in DEPLOYMENT_OPTIONS})
-    strategies, broken = resolve_strategies(a.strategy or list(STRATEGIES))
-    for s in strategies:
-        if s.note:
-            note(f"kvaudit: {s.note}")
-    return live_audit(served, smi, asked, spec, preset, strategies, a.tolerance, broken)
-
-
-def _model(a: Any, served: Any) -> tuple[Any, Any]:
-    """The served model's spec: ``--model`` where given, else what the server loaded (``/v1/models``' root: a
-    shipped config where one is that model, else by Hub id)."""
-    from kvaudit.model.deployment import get_preset, load_model, load_preset_spec, preset_for_model
-    from kvaudit.model.hub import names_hub_model
-
-    if a.config:
-        return load_model(None, a.config, a.revision, a.trust_remote_code)[0], None
-    model = served.base_model
-    root = (model.root or model.id) if model else served.engine_config.get("model")
-    if not root:
-        raise UsageError(f"{served.url} names no model (no /v1/models, no /server_info): give --model")
-    shipped = preset_for_model(root)
-    if shipped and shipped[1] and a.revision is None:
-        return load_preset_spec(get_preset(shipped[0])), None
-    if not names_hub_model(root):
-        raise UsageError(f"the server loaded {root!r}, a path on its host: give --model (a Hub id, the model's folder "
-                         "or its config.json)")
-    return load_model(None, root, a.revision, a.trust_remote_code)[0], None
-
-
 def _smi_text(a: Any) -> tuple[str | None, str]:
     """The smi output: ``--smi FILE`` (``-``: stdin), else nvidia-smi's or npu-smi's run here where the server is
-    this machine and one is installed; ``None`` where there is none."""
+    this machine and one is installed; ``None`` where there is none (said in a note)."""
     from kvaudit.jsonfile import read_bytes
+    from kvaudit.server.smi import run_smi
 
     if a.smi == "-":
         text = sys.stdin.read(SMI_LIMIT + 1)
@@ -125,26 +87,10 @@ def _smi_text(a: Any) -> tuple[str | None, str]:
         note(f"kvaudit: {a.url} is not this machine: give its nvidia-smi / npu-smi output with --smi to judge its "
              "device memory")
         return None, ""
-    return _run_smi()
-
-
-def _run_smi() -> tuple[str | None, str]:
-    import shutil
-    import subprocess
-
-    from kvaudit.network import timeout_s
-
-    for tool, command in SMI_COMMANDS:
-        if shutil.which(command[0]):
-            try:
-                p = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s())
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise UsageError(f"{tool} did not run: {e}") from None
-            if p.returncode == 0:
-                return p.stdout, f"{tool} run here"
-    note("kvaudit: neither nvidia-smi nor npu-smi is installed here: give their output from the server's host with "
-         "--smi to judge its device memory")
-    return None, ""
+    text, source = run_smi()
+    if text is None:
+        note(f"kvaudit: {source}: give the output from the server's host with --smi to judge its device memory")
+    return text, source
 
 
 def _local(url: str) -> bool:
@@ -167,7 +113,7 @@ def _watch(a: Any, api_key: str | None, smi_source: str) -> None:
     from kvaudit.report.live import watch_line
     from kvaudit.server.endpoints import read_server
     from kvaudit.server.live import device_use
-    from kvaudit.server.smi import read_smi
+    from kvaudit.server.smi import read_smi, run_smi
 
     reads = 1
     while a.count is None or reads < a.count:
@@ -175,7 +121,7 @@ def _watch(a: Any, api_key: str | None, smi_source: str) -> None:
         served = read_server(a.url, api_key)
         devices: Any = ()
         if smi_source.endswith("run here"):
-            text, _ = _run_smi()
-            devices = device_use(read_smi(text or "", smi_source)) if text else ()
+            text, _ = run_smi()
+            devices = device_use(read_smi(text, smi_source)) if text else ()
         print(watch_line(time.strftime("%H:%M:%S"), served, devices), flush=True)
         reads += 1

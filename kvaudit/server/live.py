@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_PASS, UsageError
-from kvaudit.results import OBSERVED_USE_TOLERANCE, AuditResult
-from kvaudit.server.endpoints import METRICS, MODELS, SERVER_INFO, VERSION, Served
+from kvaudit.results import DEFAULT_TOLERANCE, OBSERVED_USE_TOLERANCE, AuditResult
+from kvaudit.server.endpoints import METRICS, MODELS, SERVER_INFO, VERSION, Served, read_server
 from kvaudit.server.metrics import CACHE_CONFIG
 from kvaudit.server.smi import SmiProcess, SmiReading
 from kvaudit.units import MiB, fmt_bytes
@@ -359,3 +359,47 @@ def live_audit(served: Served, smi: SmiReading | None, asked: Any, spec: Any, pr
     return LiveReport(served.url, served, tuple(settings), d, vllm_version(), blocks, planned,
                       capacity(audits[0].plan), tuple(audits), tuple(sigs), smi, devices, verdict, tuple(findings),
                       tuple(matching), factor, tuple(notes))
+
+
+def served_model(served: Served, model: str | None = None, revision: str | None = None,
+                 trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """The served model's spec, loaded as ``kvaudit MODEL`` loads a model: ``model`` where given, else what the server
+    loaded (``/v1/models``' root, or ``/server_info``'s model); a shipped config where one is exactly that model, else
+    by Hub id. A server that loaded a path on its host needs ``model``."""
+    from kvaudit.model.deployment import get_preset, load_model, load_preset_spec, preset_for_model
+    from kvaudit.model.hub import names_hub_model
+
+    base = served.base_model
+    root = model or ((base.root or base.id) if base else served.engine_config.get("model"))
+    if not root:
+        raise UsageError(f"{served.url} names no model (no {MODELS}, no {SERVER_INFO}): give --model")
+    shipped = preset_for_model(root)
+    if shipped and shipped[1] and revision is None:
+        return load_preset_spec(get_preset(shipped[0])), None
+    if model is None and not names_hub_model(root):
+        raise UsageError(f"the server loaded {root!r}, a path on its host: give --model (a Hub id, the model's folder "
+                         "or its config.json)")
+    return load_model(None, root, revision, trust_remote_code)[0], None
+
+
+def audit_server(url: str, *, api_key: str | None = None, smi_text: str | None = None,
+                 smi_source: str = "the smi output", model: str | None = None, revision: str | None = None,
+                 trust_remote_code: bool = False, asked: Any = None, strategies: list[str] | None = None,
+                 tolerance: float = DEFAULT_TOLERANCE, note: Any = None) -> LiveReport:
+    """``kvaudit live``'s whole run, for the command and the pytest plugin: the server read (a server whose
+    ``/metrics`` will not do is told before its model is loaded), its smi output, its model, the strategies named
+    (default: the built-ins; each one's note to ``note``), and the audit. ``asked``: the deployment options given
+    (an attribute per option, ``None`` where not given)."""
+    from kvaudit.server.smi import read_smi
+    from kvaudit.strategies.builtin import STRATEGIES
+    from kvaudit.strategies.resolve import resolve_strategies
+
+    served = read_server(url, api_key)
+    smi = read_smi(smi_text, smi_source) if smi_text is not None else None
+    served_settings(served, None)
+    spec, preset = served_model(served, model, revision, trust_remote_code)
+    resolved, broken = resolve_strategies(strategies or list(STRATEGIES))
+    for s in resolved:
+        if s.note and note:
+            note(f"kvaudit: {s.note}")
+    return live_audit(served, smi, asked, spec, preset, resolved, tolerance, broken)

@@ -167,3 +167,27 @@ def _read_csv(text: str, source: str) -> SmiReading:
     if not devices and not processes:
         raise UsageError(f"{source}: nvidia-smi's CSV holds no row of a process or a device")
     return SmiReading("nvidia-smi", tuple(devices), tuple(processes), tuple(notes))
+
+
+SMI_COMMANDS = (("nvidia-smi", ("nvidia-smi",)), ("npu-smi", ("npu-smi", "info")))
+"""The tools run on this machine when no output is given, in this order."""
+
+
+def run_smi() -> tuple[str | None, str]:
+    """nvidia-smi's or npu-smi's output on this machine (under kvaudit's network timeout, which bounds every outside
+    call), and which ran; ``(None, why)`` where neither is installed."""
+    import shutil
+    import subprocess
+
+    from kvaudit.network import timeout_s
+
+    for tool, command in SMI_COMMANDS:
+        if shutil.which(command[0]):
+            try:
+                p = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s())
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise UsageError(f"{tool} did not run: {e}") from None
+            if p.returncode == 0:
+                return p.stdout, f"{tool} run here"
+            return None, f"{tool} failed here (exit {p.returncode}): {(p.stderr or p.stdout).strip()[:160]}"
+    return None, "neither nvidia-smi nor npu-smi is installed here"

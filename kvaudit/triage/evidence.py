@@ -25,7 +25,7 @@ from typing import Any
 from kvaudit.errors import UsageError
 from kvaudit.measure.oom import parse_oom
 from kvaudit.model.hub import is_hub_id
-from kvaudit.server import smi
+from kvaudit.server import metrics, smi
 from kvaudit.triage.changes import CHANGES
 from kvaudit.triage.commands import (BARE_ALIASES, Launch, command_words, config_blocks, expand, read_call, read_config,
                                      read_words, split, stated_settings)
@@ -672,7 +672,7 @@ def _all_words() -> tuple[str, ...]:
 
     return tuple(sorted(set(_WORDS) | _NEEDLES | {w for _, _, groups in _PROSE_FACTS_RX for g in groups for w in g}
                         | {name for change in CHANGES for name in change.named_by} | set(_MESSAGE_STARTS)
-                        | {w for _, _, words, _ in WORDINGS for w in words} | {"`"}))
+                        | {w for _, _, words, _ in WORDINGS for w in words} | {"`", _CACHE_CONFIG}))
 
 
 def extract(lines: list[str], title: str | None = None) -> Evidence:
@@ -871,6 +871,7 @@ def extract(lines: list[str], title: str | None = None) -> Evidence:
         if last.get(n, n) == n:
             ev.add(key, value, n, lines[n - 1])
     _named_changes(ev, lines, where)
+    _pasted_metrics(ev, lines, where)
     for kind, what, n in failures(lines, where):
         ev.add("outside", (kind, what), n, lines[n - 1])
     captured = [f.line for f in ev.all("captured")]
@@ -1443,6 +1444,33 @@ def _smi(ev: Evidence, n: int, line: str) -> None:
         elif kind == "usage":
             ev.add("hbm_used_mb", value[0], n, line)
             ev.add("hbm_total_mb", value[1], n, line)
+
+
+_CACHE_CONFIG = metrics.CACHE_CONFIG
+
+
+def _pasted_metrics(ev: Evidence, lines: list[str], where: Where) -> None:
+    """A server's ``/metrics`` pasted into the report, read by ``kvaudit.server.metrics`` (as ``kvaudit live`` reads
+    it): the CacheConfig the server ran with (``vllm:cache_config_info``: utilization, num_gpu_blocks, block size, KV
+    cache dtype), each with the sample's line."""
+    at = sorted(where[_CACHE_CONFIG])
+    if not at:
+        return
+    try:
+        read = metrics.read_metrics("\n".join(lines), "the pasted /metrics")
+    except UsageError:
+        return
+    sample = next((n for n in at if "{" in lines[n - 1]), at[0])
+    line = lines[sample - 1]
+    for engine in read.engines[:1]:
+        for key, value in (("gpu_memory_utilization", engine.config_float("gpu_memory_utilization")),
+                           ("gpu_blocks", engine.config_int("num_gpu_blocks")),
+                           ("block_size", engine.config_int("block_size"))):
+            if value is not None:
+                ev.add(key, value, sample, line)
+        dtype = engine.cache_config.get("cache_dtype")
+        if dtype not in (None, "None", "auto"):
+            ev.add("kv_cache_dtype", dtype, sample, line)
 
 
 _ALL_WORDS = _all_words()
