@@ -12,6 +12,7 @@ through a prometheus_client gauge, as ``log_metrics_info`` does; ``ModelList``/`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import threading
@@ -174,6 +175,7 @@ def test_real_server_answers_are_read():
     assert (config["tensor_parallel_size"], config["max_seq_len"], config["quantization"]) == \
         ("1", "131072", "compressed-tensors")
     assert config["served_model_name"] == "granite-3-1-8b-instruct-quantized-w8a8"
+    assert config["decoding_config"].startswith("DecodingConfig(backend=") and "disable_fallback" not in config
 
 
 # -- the command against a real HTTP server ----------------------------------------------------------------------
@@ -231,9 +233,11 @@ def test_without_smi_nothing_is_measured_and_the_plan_is_still_shown(capsys, mon
     ({"/metrics": (200, (ROOT / "fixtures/live/metrics/production-stack-617-v0.10.0.partial.metrics.txt").read_text())},
      2, "has no vllm:cache_config_info"),
     ({}, 2, "HTTP 404"),
-], ids=["a proxy's page", "another exporter", "a proxy's error", "metrics of another version", "no metrics"])
+    (lambda: {**_tokenkaki(), "/v1/models": (200, "<html>Sign in</html>")}, 2, "/v1/models is not JSON"),
+], ids=["a proxy's page", "another exporter", "a proxy's error", "metrics of another version", "no metrics",
+        "a login page"])
 def test_a_server_that_is_not_a_vllm_one_is_one_line(routes, code, message, capsys):
-    with serving(routes) as url:
+    with serving(routes() if callable(routes) else routes) as url:
         got, out, err = _live([url, "--smi", str(TOKENKAKI)], capsys)
     assert got == code and message in err.strip().splitlines()[-1] and err.count("error") == 1 and "Traceback" not in err
 
@@ -335,3 +339,49 @@ def test_triage_reads_a_pasted_metrics_with_the_same_reader():
 
     ev = extract(clean_lines((METRICS / "vllm-28924-v0.11.0.metrics.txt").read_text()))
     assert (ev.value("gpu_memory_utilization"), ev.value("gpu_blocks"), ev.value("block_size")) == (0.65, 9271, 16)
+
+
+def test_the_device_kind_is_read_from_each_real_table():
+    from kvaudit.server.live import device_kind
+    from kvaudit.server.smi import SmiDevice, SmiReading, read_smi
+
+    kinds = {name: device_kind(read_smi((SMI / name).read_text()), None)[0] for name in (
+        TOKENKAKI.name, "nvidia-smi_model-workbench_rtxpro6000x2_vllm0.12.0_gpt-oss-20b_gmu0.95.txt",
+        "nvidia-smi_production-stack_L4x2x2_kuberay_pp2tp2_distilgpt2_0MiB-procs.txt",
+        "npu-smi_vllm-ascend-5144_910B1_tp1_ds-r1-distill-qwen-1.5b_gmu0.9.txt",
+        "npu-smi_vllm-ascend-5847_910B4x4_tp4_qwen3-32b.txt")}
+    assert list(kinds.values()) == ["a100-40g", "rtx-pro-6000-96g", "l4-24g", "atlas-a2-64g", "atlas-a2-32g"]
+    # a device no kind is near in memory is no kind (the 4 GB display beside tokenkaki's A100s), and --device wins
+    display = SmiReading("nvidia-smi", (SmiDevice(3, "NVIDIA DGX Display", 1, 4096),), ())
+    assert device_kind(display, None) == (None, None) and device_kind(display, "h100-80g")[0] == "h100-80g"
+    # where two kinds are as near in memory, the name tells them apart (nvidia-smi's names and totals of the two)
+    assert device_kind(SmiReading("nvidia-smi", (SmiDevice(0, "NVIDIA H100 80GB HBM3", 1, 81559),), ()), None)[0] \
+        == "h100-80g"
+    assert device_kind(SmiReading("nvidia-smi", (SmiDevice(0, "NVIDIA A100-SXM4-80GB", 1, 81920),), ()), None)[0] \
+        == "a100-80g"
+
+
+def test_a_device_below_its_plan_is_a_finding():
+    """The tokenkaki server's plan against a device that holds a third of it: not the deployment planned."""
+    from kvaudit.server.endpoints import Served, read_models
+    from kvaudit.server.live import UNDER, DeviceUse, device_use, judge, live_audit
+    from kvaudit.server.metrics import read_metrics
+    from kvaudit.server.smi import SmiProcess, read_smi
+    from kvaudit.model.deployment import get_preset, load_preset_spec
+    from kvaudit.strategies.builtin import STRATEGIES
+
+    routes = _tokenkaki()
+    served = Served("http://x:8000", read_metrics(routes["/metrics"][1]), "0.19.1", read_models(routes["/v1/models"][1]))
+    r = live_audit(served, read_smi(TOKENKAKI.read_text()), None, load_preset_spec(get_preset("qwen3-8b")), None,
+                   [STRATEGIES["vllm"]], 0.005)
+    low = DeviceUse(4, "A100", r.signatures[0].low_bytes // 3, "a table")
+    verdict, findings, _, _ = judge(r.deployment, list(r.audits), list(r.signatures), (low,), list(r.settings))
+    assert verdict == UNDER and "below the plan's" in findings[0]
+    # another program's process beside the engine (constructed: no public table shows one) is named, not counted
+    table = read_smi(TOKENKAKI.read_text())
+    shared = dataclasses.replace(table, processes=(*table.processes, SmiProcess(4, 4242, "ollama", 2048, 0)))
+    (use,) = device_use(shared)
+    verdict, findings, _, _ = judge(r.deployment, list(r.audits), list(r.signatures), (use,), list(r.settings))
+    assert use.used_bytes == 39336 << 20 and verdict == "matches the plan"
+    assert findings == ["another process on device 4: ollama pid 4242 holds 2.00 GiB (line 0), outside the server's "
+                        "plan"]

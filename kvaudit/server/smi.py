@@ -3,8 +3,8 @@
 --format=csv``) and ``npu-smi info``; read a line at a time (``read_line``: what a paste holds around the table is left
 out; triage reads reports so) and whole (``read_smi``: each device with its processes, for ``kvaudit live``).
 
-The layouts are those the tools print across driver releases (nvidia-smi's process row with and without the ``GI CI``
-columns, its PID column 9 or 16 wide; npu-smi's chip row ``used/ total`` HBM, its process table's ``NPU Chip`` columns),
+The layouts are those the tools print across driver releases (nvidia-smi's process row with its ``GI CI`` columns,
+its PID column 9 or 16 wide; npu-smi's chip row ``used/ total`` HBM, its process table's ``NPU Chip`` columns),
 as real tables pasted in public threads and repositories show them (``fixtures/live/smi/SOURCES.md``).
 """
 
@@ -26,9 +26,9 @@ NPU_SMI_NAME = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+(?P<name>(?:Ascend)?\w+)\s
 NPU_SMI_PROCESS = re.compile(r"^\|\s*(?P<npu>\d{1,18})\s+\d+\s*\|\s*(?P<pid>\d{1,18})\s*\|\s*(?P<name>\S+)\s*\|\s*"
                              r"(?P<mb>\d{1,18})\s*\|")
 """npu-smi's process row: NPU and chip, pid, name (cut to 15 characters), memory (MB)."""
-NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d{1,18})\s+(?:\S+\s+\S+\s+)?(?P<pid>\d{1,18})\s+(?:C\+G|[CG])\s+"
+NVIDIA_PROCESS = re.compile(r"^\|\s*(?P<gpu>\d{1,18})\s+\S+\s+\S+\s+(?P<pid>\d{1,18})\s+(?:C\+G|[CG])\s+"
                             r"(?P<name>\S+)\s+(?P<mb>\d{1,18})MiB\s*\|")
-"""nvidia-smi's process row: GPU, (GI and CI where the driver prints them), pid, type, name, memory (MiB)."""
+"""nvidia-smi's process row: GPU, GI and CI (``N/A`` without MIG), pid, type, name, memory (MiB)."""
 NVIDIA_TEMP_POWER = re.compile(r"(?<!\d)\d{1,3}C\s+P\d{1,2}(?!\d)")
 NVIDIA_USAGE = re.compile(r"^\s*(?P<used>\d{1,9})MiB\s*/\s*(?P<total>\d{1,9})MiB\s*$")
 """nvidia-smi's device row, cell by cell (``|  30%  35C  P0  70W / 300W |  1234MiB / 81920MiB |``): the usage
