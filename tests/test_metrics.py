@@ -89,6 +89,12 @@ def test_a_config_figure_that_is_not_one_is_refused_in_one_line():
     assert m.engines[0].config_int("num_gpu_blocks") is None
     with pytest.raises(UsageError, match="block_size='sixteen' is not a whole number"):
         m.engines[0].config_int("block_size")
+    # 0.11's labels write some whole numbers as floats (swap_space_bytes="4294967296.0"); 16.5 blocks are none
+    dump = read_metrics((LIVE / "hardware-aware-router-vllm_metrics-v0.11-era.metrics.txt").read_text())
+    assert dump.engines[0].config_int("swap_space_bytes") == 4 << 30
+    half = read_metrics('vllm:cache_config_info{block_size="16.5"} 1.0\n')
+    with pytest.raises(UsageError, match="block_size='16.5' is not a whole number"):
+        half.engines[0].config_int("block_size")
 
 
 # --- a real server's endpoint, over HTTP (kvaudit.network.http_get) ----------------------------------------------------

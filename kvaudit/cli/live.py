@@ -20,7 +20,6 @@ NAME = "live"
 OPTIONS = (URL, CONFIG, REVISION, TRUST_REMOTE_CODE, API_KEY, SMI,
            *(o for o in DEPLOYMENT_OPTIONS if o.name not in ("vllm_python", "pp_rank", "num_blocks")),
            STRATEGY, TOLERANCE, LIVE_FORMAT, WATCH, COUNT)
-USAGE = "URL [OPTIONS]"
 HELP = "Audit a running vLLM / vllm-ascend server against vLLM's plan (its /metrics, the device's smi)."
 DESCRIPTION = ("Read a running server's own endpoints (/metrics: its CacheConfig and num_gpu_blocks; /v1/models; "
                "/version; /server_info in dev mode), plan the same model and settings with vLLM's planner and the "

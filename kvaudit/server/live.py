@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_PASS, UsageError
+from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_PASS, NotAuditable, UsageError
 from kvaudit.results import DEFAULT_TOLERANCE, OBSERVED_USE_TOLERANCE, AuditResult
 from kvaudit.server.endpoints import METRICS, MODELS, SERVER_INFO, VERSION, Served, read_server
 from kvaudit.server.metrics import CACHE_CONFIG
@@ -347,6 +347,9 @@ def live_audit(served: Served, smi: SmiReading | None, asked: Any, spec: Any, pr
         notes.append(f"pipeline parallel {d.pp}: the first stage is planned and compared")
     skipped: list[tuple[str, str]] = list(broken)
     audits = audit_all(d, strategies, select_meter("meta"), tolerance, skipped)
+    if not audits:
+        raise NotAuditable("no strategy could allocate the served plan: " + "; ".join(f"{name}: {why}"
+                                                                                    for name, why in skipped))
     notes += [f"{name}: not audited ({why})" for name, why in skipped]
     planned = None
     try:

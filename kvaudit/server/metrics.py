@@ -51,7 +51,14 @@ class EngineMetrics:
         try:
             return kind(value)
         except ValueError:
-            raise UsageError(f"{CACHE_CONFIG}: {key}={value!r} is not {what}") from None
+            pass
+        try:  # (a whole number written as a float: "4294967296.0", as 0.11's labels write some)
+            number = float(value)
+            if kind is int and number.is_integer():
+                return int(number)
+        except (ValueError, OverflowError):
+            pass
+        raise UsageError(f"{CACHE_CONFIG}: {key}={value!r} is not {what}")
 
 
 @dataclass(frozen=True)
