@@ -385,3 +385,6 @@ def test_a_device_below_its_plan_is_a_finding():
     assert use.used_bytes == 39336 << 20 and verdict == "matches the plan"
     assert findings == ["another process on device 4: ollama pid 4242 holds 2.00 GiB (line 0), outside the server's "
                         "plan"]
+    # a sample whose figure is none is left out; the report's other lines still count
+    cut = extract(clean_lines('vLLM 0.11.0\nvllm:cache_config_info{block_size="sixteen",num_gpu_blocks="5"} 1.0\n'))
+    assert cut.value("gpu_blocks") is None and cut.value("vllm_version") == "0.11.0"

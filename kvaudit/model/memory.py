@@ -60,12 +60,12 @@ BASIS = {
     "cuda_graphs": "vLLM's profile_cudagraph_memory; the per-graph increment from 2 public logs, 0.49-1.65x of vLLM's "
                    "own estimate in 4 more",
 }
+"""What each term follows (vLLM's code) and how many public logs set its constant (docs/audit.md, "Non-KV memory and
+start-up lines", names them): the report shows it beside the term."""
 GRAPH_ESTIMATE_SPREAD = (0.49, 1.65)
 """kvaudit's CUDA-graph term over vLLM's own estimate, lowest and highest, in the 4 public logs ``BASIS`` names: vLLM's
 graph pool may be up to ``1 / 0.49`` of the term (``kvaudit live`` allows that much where the release does not budget
 the pool)."""
-"""What each term follows (vLLM's code) and how many public logs set its constant (docs/audit.md, "Non-KV memory and
-start-up lines", names them): the report shows it beside the term."""
 GRAPH_BYTES_PER_LAYER = 384 * 1024
 """One CUDA graph's increment per decoder layer (its nodes and their private memory)."""
 GRAPH_FIRST_SCALE = 1.0

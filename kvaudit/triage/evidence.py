@@ -1456,21 +1456,20 @@ def _pasted_metrics(ev: Evidence, lines: list[str], where: Where) -> None:
     at = sorted(where[_CACHE_CONFIG])
     if not at:
         return
-    try:
-        read = metrics.read_metrics("\n".join(lines), "the pasted /metrics")
-    except UsageError:
-        return
     sample = next((n for n in at if "{" in lines[n - 1]), at[0])
     line = lines[sample - 1]
-    for engine in read.engines[:1]:
-        for key, value in (("gpu_memory_utilization", engine.config_float("gpu_memory_utilization")),
-                           ("gpu_blocks", engine.config_int("num_gpu_blocks")),
-                           ("block_size", engine.config_int("block_size"))):
-            if value is not None:
-                ev.add(key, value, sample, line)
-        dtype = engine.cache_config.get("cache_dtype")
-        if dtype not in (None, "None", "auto"):
-            ev.add("kv_cache_dtype", dtype, sample, line)
+    found: list[tuple[str, Any]] = []
+    try:
+        for engine in metrics.read_metrics("\n".join(lines), "the pasted /metrics").engines[:1]:
+            found = [("gpu_memory_utilization", engine.config_float("gpu_memory_utilization")),
+                     ("gpu_blocks", engine.config_int("num_gpu_blocks")), ("block_size", engine.config_int("block_size"))]
+            dtype = engine.cache_config.get("cache_dtype")
+            found.append(("kv_cache_dtype", None if dtype in (None, "None", "auto") else dtype))
+    except UsageError:  # (a sample cut or a figure that is none: the report's other lines still count)
+        return
+    for key, value in found:
+        if value is not None:
+            ev.add(key, value, sample, line)
 
 
 _ALL_WORDS = _all_words()
