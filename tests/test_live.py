@@ -339,6 +339,9 @@ def test_triage_reads_a_pasted_metrics_with_the_same_reader():
 
     ev = extract(clean_lines((METRICS / "vllm-28924-v0.11.0.metrics.txt").read_text()))
     assert (ev.value("gpu_memory_utilization"), ev.value("gpu_blocks"), ev.value("block_size")) == (0.65, 9271, 16)
+    # a sample whose figure is none is left out; the report's other lines still count
+    cut = extract(clean_lines('vLLM 0.11.0\nvllm:cache_config_info{block_size="sixteen",num_gpu_blocks="5"} 1.0\n'))
+    assert cut.value("gpu_blocks") is None and cut.value("vllm_prose") == "0.11.0"
 
 
 def test_the_device_kind_is_read_from_each_real_table():
@@ -385,6 +388,3 @@ def test_a_device_below_its_plan_is_a_finding():
     assert use.used_bytes == 39336 << 20 and verdict == "matches the plan"
     assert findings == ["another process on device 4: ollama pid 4242 holds 2.00 GiB (line 0), outside the server's "
                         "plan"]
-    # a sample whose figure is none is left out; the report's other lines still count
-    cut = extract(clean_lines('vLLM 0.11.0\nvllm:cache_config_info{block_size="sixteen",num_gpu_blocks="5"} 1.0\n'))
-    assert cut.value("gpu_blocks") is None and cut.value("vllm_version") == "0.11.0"
