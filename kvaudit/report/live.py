@@ -8,6 +8,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from kvaudit.escape import md
+from kvaudit.model.memory import TITLES
 from kvaudit.units import fmt_bytes
 
 
@@ -39,7 +40,10 @@ def _rows(r: Any) -> list[tuple[str, str, str]]:
             ("KV cache planned", fmt_bytes(r.audits[0].expected_bytes), "the served plan's tensors"),
             ("budget (device × utilization)",
              f"{fmt_bytes(int(d.device_memory_bytes * d.gpu_memory_utilization))} ({d.gpu_memory_utilization:g} × "
-             f"{fmt_bytes(d.device_memory_bytes)})", f"--device {d.device}")]
+             f"{fmt_bytes(d.device_memory_bytes)})", f"--device {d.device}"),
+            ("weights", fmt_bytes(d.weights_bytes), d.weights_source),
+            *((TITLES.get(t.key, t.key), fmt_bytes(t.bytes) + ("" if t.budgeted else ", beyond the budget"),
+               t.source.split(" [")[0]) for t in d.overhead_terms)]
     if engine.kv_cache_usage is not None:
         rows.append(("KV-cache usage", f"{engine.kv_cache_usage:.1%}", "/metrics"))
     if engine.running is not None:
@@ -48,9 +52,15 @@ def _rows(r: Any) -> list[tuple[str, str, str]]:
 
 
 def _strategy_rows(r: Any) -> list[tuple[str, ...]]:
-    return [(s.strategy, f"{s.ratio:.2f}×", fmt_bytes(a.allocated_bytes),
+    return [(s.strategy, f"{s.ratio:.2f}×", fmt_bytes(a.allocated_bytes), fmt_bytes(a.projected_bytes),
              f"{fmt_bytes(max(0, s.low_bytes))} – {fmt_bytes(s.high_bytes)}",
              "matches" if s.strategy in r.matching else "—") for a, s in zip(r.audits, r.signatures)]
+
+
+STRATEGY_COLUMNS = ("strategy", "allocated / planned", "KV allocated", "weights + non-KV + KV allocated",
+                    "device use predicted", "observed")
+"""The strategies' table: kvaudit's projection from its memory model beside the range the server's own budget
+predicts (what the verdict uses)."""
 
 
 def _device_rows(r: Any) -> list[tuple[str, ...]]:
@@ -80,11 +90,12 @@ def render(r: Any) -> list[Any]:
         plan.add_row(*row)
     strategies = Table(title="Each strategy's allocation of the served plan (meta), and the device use it predicts "
                              "per rank", title_justify="left")
-    for c in ("strategy", "allocated / planned", "KV allocated", "device use predicted", "observed"):
+    for c in STRATEGY_COLUMNS:
         strategies.add_column(c)
     for row in _strategy_rows(r):
         strategies.add_row(*row)
-    out += [Fitted(settings), Fitted(plan), Fitted(strategies)]
+    out += [Fitted(settings, wrap=("source",)), Fitted(plan, wrap=("value", "source")),
+            Fitted(strategies, wrap=("device use predicted",))]
     if r.devices:
         devices = Table(title=f"Device memory ({r.smi.tool}; tolerance ±{fmt_bytes(r.tolerance_bytes)})",
                         title_justify="left")
@@ -92,7 +103,7 @@ def render(r: Any) -> list[Any]:
             devices.add_column(c)
         for row in _device_rows(r):
             devices.add_row(*row)
-        out.append(Fitted(devices))
+        out.append(Fitted(devices, wrap=("name", "source")))
     out += [Text(f"• {f}") for f in r.findings] + [Text(f"note: {n}", style="dim") for n in r.notes]
     return out
 
@@ -108,8 +119,7 @@ def to_markdown(r: Any) -> str:
     lines += table(("setting", "served", "source", "asked"),
                    [(s.flag, str(s.served), s.source, "—" if s.asked is None else str(s.asked)) for s in r.settings])
     lines += table(("quantity", "value", "source"), _rows(r))
-    lines += table(("strategy", "allocated / planned", "KV allocated", "device use predicted", "observed"),
-                   _strategy_rows(r))
+    lines += table(STRATEGY_COLUMNS, _strategy_rows(r))
     if r.devices:
         lines += table(("device", "name", "held", "of the device", "source"), _device_rows(r))
     lines += [f"- note: {md(n)}" for n in r.notes]
