@@ -255,6 +255,9 @@ def test_the_api_key_is_sent_and_never_printed(capsys, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "s3cret-key")
     code, out, err = _live(["http://127.0.0.1:9"], capsys)
     assert code == 2 and seen == ["s3cret-key"] and "s3cret" not in out + err
+    code, out, err = _live(["localhost:8000"], capsys)  # (an address without its scheme, told before anything runs)
+    assert code == 2 and err.strip() == ("kvaudit: error: 'localhost:8000' is not a server's address: give it as "
+                                         "http://HOST:PORT (e.g. http://localhost:8000)")
 
 
 def test_a_strategy_that_allocates_twice_the_plan_is_named_by_its_signature():

@@ -385,7 +385,7 @@ def live_check(url: str, base: Path, *, smi: str | Path | None = None, model: st
 
     from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED
     from kvaudit.report.live import summary_line
-    from kvaudit.server.live import audit_server
+    from kvaudit.server.live import audit_served, read_live
     from kvaudit.server.smi import run_smi
 
     __tracebackhide__ = True
@@ -402,8 +402,8 @@ def live_check(url: str, base: Path, *, smi: str | Path | None = None, model: st
         text, source = run_smi()
     asked = SimpleNamespace(**{name: options.get(name) for name in DEPLOYMENT_OPTIONS})
     try:
-        report = audit_server(url, api_key=api_key or os.environ.get("VLLM_API_KEY") or None, smi_text=text,
-                              smi_source=source, model=model, asked=asked, tolerance=percent / 100)
+        served, read = read_live(url, api_key or os.environ.get("VLLM_API_KEY") or None, text, source)
+        report = audit_served(served, read, model=model, asked=asked, tolerance=percent / 100)
     except KvauditError as e:
         failed = f"kvaudit live: {e.message}"
     else:

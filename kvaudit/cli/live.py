@@ -36,21 +36,24 @@ def run(a: Any) -> int:
     from types import SimpleNamespace
 
     from kvaudit.report import live as out
-    from kvaudit.server.live import audit_server
+    from kvaudit.server.endpoints import check_url
+    from kvaudit.server.live import audit_served, read_live
 
     check_tolerance(a.tolerance)
     if a.watch is not None and not 0 < a.watch <= 86400:
         raise UsageError(f"--watch {a.watch:g}: give the seconds between reads, above 0 and at most a day")
     if a.count is not None and a.count < 1:
         raise UsageError(f"--count {a.count}: give how many reads, at least 1")
+    check_url(a.url)
     api_key = a.api_key or os.environ.get("VLLM_API_KEY") or None
     smi_text, smi_source = _smi_text(a)
     asked = SimpleNamespace(**{o.name: (getattr(a, o.name, None) if getattr(a, o.name, o.default) != o.default
                                         else None) for o in DEPLOYMENT_OPTIONS})
+    served, smi = read_live(a.url, api_key, smi_text, smi_source)
     with step(BUILDING):
-        report = audit_server(a.url, api_key=api_key, smi_text=smi_text, smi_source=smi_source, model=a.config,
-                              revision=a.revision, trust_remote_code=a.trust_remote_code, asked=asked,
-                              strategies=a.strategy, tolerance=a.tolerance, note=note)
+        report = audit_served(served, smi, model=a.config, revision=a.revision,
+                              trust_remote_code=a.trust_remote_code, asked=asked, strategies=a.strategy,
+                              tolerance=a.tolerance, note=note)
     fmt = LiveFormat(a.fmt)
     if fmt is LiveFormat.json:
         sys.stdout.write(out.to_json(report) + "\n")

@@ -117,6 +117,12 @@ def _json(text: str, endpoint: str) -> Any:
                          "proxy's page") from None
 
 
+def check_url(url: str) -> None:
+    """A server's address is ``http://`` or ``https://`` (a bare ``HOST:PORT`` is refused in one line)."""
+    if not url.lower().startswith(("http://", "https://")):
+        raise UsageError(f"{url!r} is not a server's address: give it as http://HOST:PORT (e.g. http://localhost:8000)")
+
+
 def read_server(url: str, api_key: str | None = None, get: Any = None) -> Served:
     """The server at ``url`` (``http://HOST:PORT``): ``/metrics`` (needed), ``/v1/models``, ``/version`` and
     ``/server_info`` (each noted where the server does not give it). ``get(url, api_key)`` reads one endpoint
@@ -124,6 +130,7 @@ def read_server(url: str, api_key: str | None = None, get: Any = None) -> Served
     from kvaudit import network
 
     get = get or network.http_get
+    check_url(url)
     base = url.rstrip("/")
     for suffix in (METRICS, MODELS, "/v1"):
         base = base.removesuffix(suffix)

@@ -385,21 +385,26 @@ def served_model(served: Served, model: str | None = None, revision: str | None 
     return load_model(None, root, revision, trust_remote_code)[0], None
 
 
-def audit_server(url: str, *, api_key: str | None = None, smi_text: str | None = None,
-                 smi_source: str = "the smi output", model: str | None = None, revision: str | None = None,
+def read_live(url: str, api_key: str | None = None, smi_text: str | None = None,
+              smi_source: str = "the smi output") -> tuple[Served, SmiReading | None]:
+    """What ``kvaudit live`` reads before it plans: the server (one whose ``/metrics`` will not do is told here, before
+    its model is loaded) and its smi output."""
+    from kvaudit.server.smi import read_smi
+
+    served = read_server(url, api_key)
+    served_settings(served, None)
+    return served, (read_smi(smi_text, smi_source) if smi_text is not None else None)
+
+
+def audit_served(served: Served, smi: SmiReading | None, *, model: str | None = None, revision: str | None = None,
                  trust_remote_code: bool = False, asked: Any = None, strategies: list[str] | None = None,
                  tolerance: float = DEFAULT_TOLERANCE, note: Any = None) -> LiveReport:
-    """``kvaudit live``'s whole run, for the command and the pytest plugin: the server read (a server whose
-    ``/metrics`` will not do is told before its model is loaded), its smi output, its model, the strategies named
-    (default: the built-ins; each one's note to ``note``), and the audit. ``asked``: the deployment options given
+    """``kvaudit live``'s audit, for the command and the pytest plugin: the served model, the strategies named
+    (default: the built-ins; each one's note to ``note``), and ``live_audit``. ``asked``: the deployment options given
     (an attribute per option, ``None`` where not given)."""
-    from kvaudit.server.smi import read_smi
     from kvaudit.strategies.builtin import STRATEGIES
     from kvaudit.strategies.resolve import resolve_strategies
 
-    served = read_server(url, api_key)
-    smi = read_smi(smi_text, smi_source) if smi_text is not None else None
-    served_settings(served, None)
     spec, preset = served_model(served, model, revision, trust_remote_code)
     resolved, broken = resolve_strategies(strategies or list(STRATEGIES))
     for s in resolved:
