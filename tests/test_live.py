@@ -391,3 +391,21 @@ def test_a_device_below_its_plan_is_a_finding():
     assert use.used_bytes == 39336 << 20 and verdict == "matches the plan"
     assert findings == ["another process on device 4: ollama pid 4242 holds 2.00 GiB (line 0), outside the server's "
                         "plan"]
+
+
+def test_blocks_off_their_releases_plan_are_set_beside_each_eras_budget(capsys):
+    """The tokenkaki server's /metrics, as if its /version had said 0.20.0: vLLM 0.20's budget subtracts the graph
+    estimate, so its plan is far from the 8,810 served, and the era whose formula gives 8,810 is named."""
+    routes = {**_tokenkaki(), "/version": (200, '{"version":"0.20.0"}')}
+    with serving(routes) as url:
+        code, out, err = _live([url, "--smi", str(TOKENKAKI), "--format", "json"], capsys)
+    doc = json.loads(out)
+    served, planned, by_era = (doc["num_gpu_blocks"][k] for k in ("served", "planned", "by_era"))
+    assert abs(planned - served) > 0.03 * served and "0.20.0" not in by_era
+    near = {era for era in by_era if abs(by_era[era] - served) <= 0.01 * served}
+    assert near == {"0.10.0", "0.17.0"}  # (the two eras whose sampler holds 3.5 copies, as 0.19.1's does)
+    with serving(routes) as url:
+        _, table, _ = _live([url, "--smi", str(TOKENKAKI), "--format", "markdown"], capsys)
+    assert "num\\_gpu\\_blocks, the budget of vLLM 0.10.0 and 0.17.0" in table
+    assert "follows the KV budget of vLLM 0.10.0, 0.12.0 and 0.17.0 (within 3%), not vLLM 0.20.0's (8,290)" in \
+        table.replace("\\", "")

@@ -97,6 +97,14 @@ UTILIZATION_DEFAULTS = (("0.20.0", 0.9), (None, 0.92))
 so ``--gpu-memory-utilization`` take it from there. The one place kvaudit states it."""
 
 
+def budget_eras() -> tuple[str, ...]:
+    """The first release of each era of the KV budget this module models (the sampler's copies, the graph estimate
+    subtracted), newest last: where a server's num_gpu_blocks differs from its own release's plan, the era whose
+    formula gives its figure tells which budget it ran."""
+    starts = {first for first, _ in SAMPLER_COPIES if first} | {GRAPH_ESTIMATE_FROM}
+    return ("0.10.0", *sorted(starts, key=version_key))
+
+
 def default_gpu_memory_utilization(release: str | None) -> float:
     """vLLM's default ``gpu_memory_utilization`` in ``release`` (the newest era's where the release is unknown or is
     not a version: a report's "72b启动失败")."""

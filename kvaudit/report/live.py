@@ -44,6 +44,10 @@ def _rows(r: Any) -> list[tuple[str, str, str]]:
             ("weights", fmt_bytes(d.weights_bytes), d.weights_source),
             *((TITLES.get(t.key, t.key), fmt_bytes(t.bytes) + ("" if t.budgeted else ", beyond the budget"),
                t.source.split(" [")[0]) for t in d.overhead_terms)]
+    if r.nearest_era:
+        eras, n = r.nearest_era
+        rows.insert(2, (f"num_gpu_blocks, the budget of vLLM {' and '.join(eras)}", f"{n:,} ({(n - r.served_blocks) / r.served_blocks:+.1%})",
+                        "the nearest of each era's budget formula to the served figure (the first release of each)"))
     if engine.kv_cache_usage is not None:
         rows.append(("KV-cache usage", f"{engine.kv_cache_usage:.1%}", "/metrics"))
     if engine.running is not None:

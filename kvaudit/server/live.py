@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_PASS, NotAuditable, UsageError
+from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED, EXIT_PASS, KvauditError, NotAuditable, UsageError
 from kvaudit.results import DEFAULT_TOLERANCE, OBSERVED_USE_TOLERANCE, AuditResult
 from kvaudit.server.endpoints import METRICS, MODELS, SERVER_INFO, VERSION, Served, read_server
 from kvaudit.server.metrics import CACHE_CONFIG
@@ -103,6 +103,18 @@ class LiveReport:
     factor: float | None = None
     """The served KV cache's size on the device over its plan, where the device is above the plan."""
     notes: tuple[str, ...] = field(default=())
+    blocks_by_era: dict[str, int] = field(default_factory=dict)
+    """Where the served num_gpu_blocks is off its own release's plan: vLLM's num_blocks under each era's budget
+    formula (the first release of each era)."""
+
+    @property
+    def nearest_era(self) -> tuple[tuple[str, ...], int] | None:
+        """The eras whose budget gives the served num_gpu_blocks most nearly, and their figure (``None`` where none
+        was planned)."""
+        if not self.blocks_by_era:
+            return None
+        n = min(self.blocks_by_era.values(), key=lambda v: abs(v - self.served_blocks))
+        return tuple(era for era, v in self.blocks_by_era.items() if v == n), n
 
     @property
     def exit_code(self) -> int:
@@ -132,7 +144,8 @@ class LiveReport:
                           "differs": s.differs} for s in self.settings],
             "planned_by": {"vllm_version": self.vllm_version, "meter": "meta", "emulated_release": d.vllm_version},
             "deployment": d.to_dict(),
-            "num_gpu_blocks": {"served": self.served_blocks, "planned": self.planned_blocks},
+            "num_gpu_blocks": {"served": self.served_blocks, "planned": self.planned_blocks,
+                               "by_era": self.blocks_by_era},
             "capacity": cap.to_dict(),
             "kv_cache_usage": engine.kv_cache_usage,
             "strategies": [{"strategy": r.strategy, "expected_bytes": r.expected_bytes,
@@ -351,17 +364,46 @@ def live_audit(served: Served, smi: SmiReading | None, asked: Any, spec: Any, pr
         raise NotAuditable("no strategy could allocate the served plan: " + "; ".join(f"{name}: {why}"
                                                                                     for name, why in skipped))
     notes += [f"{name}: not audited ({why})" for name, why in skipped]
-    planned = None
+    planned, by_era = None, {}
     try:
         planned = plan_for(dataclasses.replace(d, num_blocks_override=None), strategies[0]).num_blocks
-    except Exception as e:  # noqa: BLE001 - a budget vLLM refuses is a note here, not the audit's end
+    except KvauditError as e:  # a budget vLLM refuses is a note here, not the audit's end
         notes.append(f"vLLM's plan for the served settings without num_gpu_blocks: {e}")
+    if planned is None or abs(planned - blocks) > OBSERVED_USE_TOLERANCE * blocks:
+        by_era = _blocks_by_era(spec, preset, options, strategies[0], d.vllm_version)
+        near = [era for era, n in by_era.items() if abs(n - blocks) <= OBSERVED_USE_TOLERANCE * blocks]
+        if near:
+            listed = ", ".join(near[:-1]) + " and " + near[-1] if len(near) > 1 else near[0]
+            notes.append(f"the served num_gpu_blocks ({blocks:,}) follows the KV budget of vLLM {listed} "
+                         f"(within {OBSERVED_USE_TOLERANCE:.0%}), not vLLM {d.vllm_version or 'as installed'}'s "
+                         f"({'no plan' if planned is None else f'{planned:,}'}): the server's release or its "
+                         "settings differ from what /version and /metrics say")
     sigs = signatures(d, audits)
     devices = device_use(smi) if smi is not None else ()
     verdict, findings, matching, factor = judge(d, audits, sigs, devices, settings)
     return LiveReport(served.url, served, tuple(settings), d, vllm_version(), blocks, planned,
                       capacity(audits[0].plan), tuple(audits), tuple(sigs), smi, devices, verdict, tuple(findings),
-                      tuple(matching), factor, tuple(notes))
+                      tuple(matching), factor, tuple(notes), by_era)
+
+
+def _blocks_by_era(spec: Any, preset: Any, options: dict[str, Any], strategy: Any,
+                   served_release: str | None) -> dict[str, int]:
+    """vLLM's num_blocks for the served settings under each era's budget formula (``kvaudit.model.memory.
+    budget_eras``), other than the served release's own: which budget the server's figure follows."""
+    from kvaudit.model.memory import budget_eras
+    from kvaudit.model.options import DeploymentOptions
+    from kvaudit.plan.planner import deploy, plan_for
+
+    out = {}
+    for release in budget_eras():
+        if release == served_release:
+            continue
+        try:
+            d = deploy(spec, preset, DeploymentOptions.of({**options, "vllm_version": release, "num_blocks": None}))
+            out[release] = plan_for(d, strategy).num_blocks
+        except KvauditError:
+            continue
+    return out
 
 
 def served_model(served: Served, model: str | None = None, revision: str | None = None,
