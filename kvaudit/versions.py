@@ -13,3 +13,9 @@ def version_key(v: str) -> tuple:
         return (0,)
     major, minor, patch, rc, post = m.groups()
     return (int(major), int(minor), int(patch or 0), int(rc) if rc is not None else 1 << 20, int(post or 0))
+
+
+def is_release(text: str) -> bool:
+    """Whether ``text`` names a release to emulate (``0.11.0``, ``0.11.1rc2.dev148+gabc``): ``--vllm-version``, and a
+    server's ``/version``."""
+    return re.fullmatch(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?\S{0,40}", text) is not None

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, VLLM_VERSION
 from kvaudit.cli.app import main
 
 SMI = ROOT / "fixtures" / "live" / "smi"
@@ -409,3 +409,12 @@ def test_blocks_off_their_releases_plan_are_set_beside_each_eras_budget(capsys):
     assert "num\\_gpu\\_blocks, the budget of vLLM 0.10.0 and 0.17.0" in table
     assert "follows the KV budget of vLLM 0.10.0, 0.12.0 and 0.17.0 (within 3%), not vLLM 0.20.0's (8,290)" in \
         table.replace("\\", "")
+
+
+def test_a_version_that_is_no_release_is_not_emulated(capsys):
+    routes = {**_tokenkaki(), "/version": (200, '{"version":"dev"}')}
+    with serving(routes) as url:
+        code, out, err = _live([url, "--smi", str(TOKENKAKI), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code in (0, 1) and "vLLM" not in {s["flag"] for s in doc["settings"]}
+    assert doc["server"]["version"] == "dev" and doc["planned_by"]["emulated_release"] == VLLM_VERSION

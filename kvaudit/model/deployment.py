@@ -16,6 +16,7 @@ from kvaudit.errors import UsageError, did_you_mean
 from kvaudit.model.memory import Term
 from kvaudit.model.spec import ModelSpec, load_model_spec
 from kvaudit.units import MAX_BYTES
+from kvaudit.versions import is_release
 
 
 LIMITS = {"tp": 256, "pp": 128, "dp": 1024, "max_model_len": 1 << 28, "num_blocks": 1 << 30, "block_size": 1 << 16,
@@ -436,7 +437,7 @@ def check_deployment(d: Deployment) -> None:
         raise UsageError(f"unknown --usage-context {d.usage_context!r} (use {', '.join(USAGE_CONTEXTS)})")
     if d.platform not in DEVICE_PLATFORMS:
         raise UsageError(f"unknown platform {d.platform!r} (use {', '.join(DEVICE_PLATFORMS)})")
-    if d.vllm_version is not None and not re.fullmatch(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?\S{0,40}", d.vllm_version):
+    if d.vllm_version is not None and not is_release(d.vllm_version):
         raise UsageError(f"--vllm-version {d.vllm_version!r} is not a vLLM release (e.g. 0.11.0)")
     if d.mamba_cache_mode is not None and d.mamba_cache_mode not in MAMBA_CACHE_MODES:
         raise UsageError(f"unknown --mamba-cache-mode {d.mamba_cache_mode!r} (use {', '.join(MAMBA_CACHE_MODES)})")

@@ -22,6 +22,7 @@ from kvaudit.server.endpoints import METRICS, MODELS, SERVER_INFO, VERSION, Serv
 from kvaudit.server.metrics import CACHE_CONFIG
 from kvaudit.server.smi import SmiProcess, SmiReading
 from kvaudit.units import MiB, fmt_bytes
+from kvaudit.versions import is_release
 
 MATCHES, OVER, UNDER, DIFFERS, NOT_MEASURED = ("matches the plan", "over-allocated", "below the plan",
                                                "settings differ", "not measured")
@@ -208,7 +209,7 @@ def served_settings(served: Served, asked: Any) -> tuple[list[Setting], dict[str
         add("--dtype", "dtype", info["dtype"].removeprefix("torch."), f"{SERVER_INFO} dtype")
     if info.get("quantization") not in (None, "None"):
         add("--quantization", "quantization", info["quantization"], f"{SERVER_INFO} quantization")
-    if served.version:
+    if served.version and is_release(served.version):  # (a build's own string, "dev", is no release to emulate)
         add("vLLM", "vllm_version", served.version, VERSION)
     options = {o: getattr(asked, o) for o in vars(asked) if getattr(asked, o) is not None} if asked else {}
     flags = {"--gpu-memory-utilization": "util", "--block-size": "block_size", "--kv-cache-dtype": "kv_cache_dtype",
