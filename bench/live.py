@@ -11,35 +11,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # (tests/served.py: the tests' in-process server)
 METRICS = ROOT / "fixtures/live/metrics/hardware-aware-router-vllm_metrics-v0.11-era.metrics.txt"
 SMI = ROOT / "fixtures/live/smi/nvidia-smi_tokenkaki_a100-40gb_vllm0.19.1_qwen3-8b.txt"
-
-
-def serve() -> str:
-    body = METRICS.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            status, data = (200, body) if self.path == "/metrics" else (404, b"{}")
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{srv.server_address[1]}"
 
 
 def main() -> None:
@@ -51,14 +30,20 @@ def main() -> None:
 
     module("vllm.config")
     print(f"vLLM's import: {time.perf_counter() - t0:.2f} s")
+    from served import serving
+
+    with serving({"/metrics": (200, METRICS.read_bytes())}) as url:
+        run(url, a.reps)
+
+
+def run(url: str, reps: int) -> None:
     from kvaudit.model.options import DEPLOYMENT_OPTIONS
     from kvaudit.server.endpoints import read_server
     from kvaudit.server.live import audit_served, read_live
 
-    url = serve()
     asked = SimpleNamespace(**{**{o.name: None for o in DEPLOYMENT_OPTIONS}, "max_model_len": 8192, "device": "h100-80g"})
     reads, audits = [], []
-    for _ in range(a.reps):
+    for _ in range(reps):
         t = time.perf_counter()
         served, smi = read_live(url, None, SMI.read_text(), str(SMI))
         reads.append(time.perf_counter() - t)
@@ -66,9 +51,9 @@ def main() -> None:
         report = audit_served(served, smi, model="meta-llama/Meta-Llama-3.1-8B-Instruct", asked=asked)
         audits.append(time.perf_counter() - t)
     t = time.perf_counter()
-    for _ in range(a.reps):
+    for _ in range(reps):
         read_server(url)
-    watch = (time.perf_counter() - t) / a.reps
+    watch = (time.perf_counter() - t) / reps
     print(f"read /metrics (45 KB) and the smi table: median {statistics.median(reads) * 1000:.1f} ms")
     n = len(report.audits)
     print(f"plan and audit ({n} strateg{'y' if n == 1 else 'ies'} on meta, num_gpu_blocks {report.served_blocks:,}): "

@@ -11,67 +11,20 @@ through a prometheus_client gauge, as ``log_metrics_info`` does; ``ModelList``/`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from conftest import ROOT, VLLM_VERSION
+from served import serving, vllm_metrics
+
 from kvaudit.cli.app import main
 
 SMI = ROOT / "fixtures" / "live" / "smi"
 SERVER = ROOT / "fixtures" / "live" / "server"
 TOKENKAKI = SMI / "nvidia-smi_tokenkaki_a100-40gb_vllm0.19.1_qwen3-8b.txt"
-
-
-@contextlib.contextmanager
-def serving(routes: dict[str, tuple[int, str]]):
-    """A real HTTP server in this process answering ``routes`` (path → status, body); anything else 404."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            status, body = routes.get(self.path, (404, '{"detail":"Not Found"}'))
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
-def _metrics(num_gpu_blocks: int, **config) -> str:
-    """``/metrics`` as vLLM's own logger writes its CacheConfig, with one engine's KV-cache usage and requests."""
-    pytest.importorskip("vllm")
-    import prometheus_client as pc
-
-    from kvaudit.model.vllm_modules import module
-
-    cc = module("vllm.config").CacheConfig(**config)
-    cc.num_gpu_blocks = num_gpu_blocks
-    registry = pc.CollectorRegistry()
-    info = pc.Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                    labelnames=[*cc.metrics_info(), "engine"], registry=registry)
-    info.labels(**cc.metrics_info(), engine="0").set(1)
-    usage = pc.Gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", ["model_name", "engine"], registry=registry)
-    usage.labels(model_name="Qwen/Qwen3-8B", engine="0").set(0.25)
-    running = pc.Gauge("vllm:num_requests_running", "Running.", ["model_name", "engine"], registry=registry)
-    running.labels(model_name="Qwen/Qwen3-8B", engine="0").set(3)
-    return pc.generate_latest(registry).decode()
 
 
 def _models(model: str, max_model_len: int) -> str:
@@ -92,8 +45,9 @@ def _tokenkaki(util: float = 0.9) -> dict[str, tuple[int, str]]:
 
     ev = extract(clean_lines(TOKENKAKI_LOG.read_text()))
     assert (ev.value("kv_cache_tokens"), ev.value("max_model_len")) == (140_960, 40_960)
-    return {"/metrics": (200, _metrics(ev.value("kv_cache_tokens") // 16, block_size=16, gpu_memory_utilization=util,
-                                       enable_prefix_caching=True)),
+    pytest.importorskip("vllm")
+    return {"/metrics": (200, vllm_metrics(ev.value("kv_cache_tokens") // 16, usage=(0.25,), running=3, block_size=16,
+                                           gpu_memory_utilization=util, enable_prefix_caching=True)),
             "/v1/models": (200, _models("Qwen/Qwen3-8B", ev.value("max_model_len"))),
             "/version": (200, '{"version":"0.19.1"}')}
 
@@ -272,7 +226,7 @@ def test_a_strategy_that_allocates_twice_the_plan_is_named_by_its_signature():
 
     pytest.importorskip("vllm")
     spec = load_preset_spec(get_preset("qwen3-next"))
-    served = Served("http://npu-host:8000", read_metrics(_metrics(4096, block_size=128, gpu_memory_utilization=0.7)),
+    served = Served("http://npu-host:8000", read_metrics(vllm_metrics(4096, block_size=128, gpu_memory_utilization=0.7)),
                     None, (), {"tensor_parallel_size": "4", "max_seq_len": "4096"})
     none = SmiReading("npu-smi", (SmiDevice(0, "910B3", 1, 65536),), ())
     first = live_audit(served, none, None, spec, None, list(STRATEGIES.values()), 0.005)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT
+from served import serving, vllm_metrics
 
 from kvaudit.errors import UsageError
 from kvaudit.server.metrics import read_metrics
@@ -15,29 +16,9 @@ from kvaudit.server.metrics import read_metrics
 pytestmark = pytest.mark.fast
 
 
-def _exposition(engines: int = 2, **config) -> str:
-    """``/metrics`` as the installed vLLM's logger writes it: its CacheConfig's own ``metrics_info()`` labels, one
-    gauge per engine, and the KV-cache usage gauge."""
-    pytest.importorskip("vllm")
-    import prometheus_client as pc
-
-    from kvaudit.model.vllm_modules import module
-
-    cc = module("vllm.config").CacheConfig(**config)
-    cc.num_gpu_blocks = 4096
-    registry = pc.CollectorRegistry()
-    info = pc.Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                    labelnames=[*cc.metrics_info(), "engine"], registry=registry)
-    usage = pc.Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                     labelnames=["model_name", "engine"], registry=registry)
-    for engine in range(engines):
-        info.labels(**cc.metrics_info(), engine=str(engine)).set(1)
-        usage.labels(model_name="Qwen/Qwen3-8B", engine=str(engine)).set(0.125 * (engine + 1))
-    return pc.generate_latest(registry).decode()
-
-
 def test_the_cache_config_vllms_own_logger_writes_is_read_per_engine():
-    m = read_metrics(_exposition(engines=2, block_size=32, gpu_memory_utilization=0.85))
+    pytest.importorskip("vllm")
+    m = read_metrics(vllm_metrics(4096, usage=(0.125, 0.25), block_size=32, gpu_memory_utilization=0.85))
     assert [e.engine for e in m.engines] == ["0", "1"]
     for e, usage in zip(m.engines, (0.125, 0.25)):
         assert (e.config_int("num_gpu_blocks"), e.config_int("block_size"), e.config_float("gpu_memory_utilization"),
@@ -104,40 +85,11 @@ def test_a_config_figure_that_is_not_one_is_refused_in_one_line():
 def server():
     """A real HTTP server in this process: ``/metrics`` answers the whole dump of a V1 server
     (fixtures/live/metrics), ``/secure/metrics`` the same behind a bearer token, ``/broken`` a proxy's 502 page."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     body = (LIVE / "hardware-aware-router-vllm_metrics-v0.11-era.metrics.txt").read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/secure/metrics" and self.headers.get("Authorization") != "Bearer s3cret-key":
-                self.send_response(401)
-                self.end_headers()
-                return
-            if self.path in ("/metrics", "/secure/metrics"):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.end_headers()
-                self.wfile.write(body)
-            elif self.path == "/broken":
-                self.send_response(502)
-                self.send_header("Content-Type", "text/html")
-                self.end_headers()
-                self.wfile.write(b"<html><body><h1>502 Bad Gateway</h1></body></html>")
-            else:
-                self.send_response(404)
-                self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serving({"/metrics": (200, body), "/secure/metrics": (200, body),
+                  "/broken": (502, b"<html><body><h1>502 Bad Gateway</h1></body></html>")},
+                 tokens={"/secure/metrics": "s3cret-key"}) as url:
+        yield url
 
 
 def test_a_servers_metrics_read_over_http_are_the_servers(server):
