@@ -38,7 +38,7 @@ def main() -> None:
 
 def run(url: str, reps: int) -> None:
     from kvaudit.model.options import DEPLOYMENT_OPTIONS
-    from kvaudit.server.endpoints import read_server
+    from kvaudit.server.endpoints import read_server_metrics, server_base
     from kvaudit.server.live import audit_served, read_live
 
     asked = SimpleNamespace(**{**{o.name: None for o in DEPLOYMENT_OPTIONS}, "max_model_len": 8192, "device": "h100-80g"})
@@ -52,7 +52,7 @@ def run(url: str, reps: int) -> None:
         audits.append(time.perf_counter() - t)
     t = time.perf_counter()
     for _ in range(reps):
-        read_server(url)
+        read_server_metrics(server_base(url))
     watch = (time.perf_counter() - t) / reps
     print(f"read /metrics (45 KB) and the smi table: median {statistics.median(reads) * 1000:.1f} ms")
     n = len(report.audits)

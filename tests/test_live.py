@@ -272,6 +272,16 @@ def test_watch_reads_the_usage_again_a_line_each(capsys):
     assert len(watched) == 2  # (the first read is the report's)
 
 
+def test_the_smi_of_a_server_elsewhere_is_asked_for_not_read_here(monkeypatch):
+    from kvaudit.server.live import smi_output
+
+    monkeypatch.setattr("kvaudit.server.smi.run_smi", lambda: ("a table", "nvidia-smi run here"))
+    assert smi_output("http://127.0.0.1:8000") == ("a table", "nvidia-smi run here")
+    text, why = smi_output("http://gpu-host.example:8000")
+    assert text is None and why.startswith("http://gpu-host.example:8000 is not this machine: give its nvidia-smi")
+    assert smi_output("http://gpu-host.example:8000", TOKENKAKI)[0] == TOKENKAKI.read_text()
+
+
 def test_the_pytest_plugin_audits_a_server_by_its_url():
     from kvaudit.ci.pytest_plugin import live_check
 

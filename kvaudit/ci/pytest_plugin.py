@@ -378,15 +378,15 @@ def kvaudit_audit(request: pytest.FixtureRequest) -> Callable[..., AuditResult]:
 def live_check(url: str, base: Path, *, smi: str | Path | None = None, model: str | None = None,
                api_key: str | None = None, percent: float = DEFAULT_PERCENT, **options: Any) -> Any:
     """``kvaudit live`` for a test: the server at ``url`` judged against vLLM's plan (``smi``: a file of its
-    nvidia-smi / npu-smi output, relative to the test's folder; else the tool run here where ``url`` is this
-    machine). The test fails, in one message, on a finding (the device over or below the plan, settings other than
-    ``options`` say) and skips where no device memory was read; it returns ``kvaudit.server.live.LiveReport``."""
+    nvidia-smi / npu-smi output, relative to the test's folder; else the tool run here where ``url`` is this machine:
+    ``kvaudit.server.live.smi_output``). The test fails, in one message, on a finding (the device over or below the
+    plan, settings other than ``options`` say) and skips where no device memory was read; it returns
+    ``kvaudit.server.live.LiveReport``."""
     from types import SimpleNamespace
 
     from kvaudit.errors import EXIT_FAIL, EXIT_NOT_MEASURED
     from kvaudit.report.live import summary_line
-    from kvaudit.server.live import audit_served, read_live
-    from kvaudit.server.smi import run_smi
+    from kvaudit.server.live import audit_served, read_live, smi_output
 
     __tracebackhide__ = True
     unknown = sorted(set(options) - set(DEPLOYMENT_OPTIONS))
@@ -395,11 +395,7 @@ def live_check(url: str, base: Path, *, smi: str | Path | None = None, model: st
         raise UsageError(f"kvaudit_live({url!r}, ...): " + (f"unknown option {unknown[0]!r} (the deployment options: "
                          f"{', '.join(DEPLOYMENT_OPTIONS)})" if unknown else
                          f"{wrong[0]}={options[wrong[0]]!r} is not {_KINDS[DEPLOYMENT_OPTIONS[wrong[0]]]}"))
-    if smi is not None:
-        path = Path(smi) if Path(smi).is_absolute() else base / smi
-        text, source = path.read_text(errors="replace"), str(path)
-    else:
-        text, source = run_smi()
+    text, source = smi_output(url, None if smi is None else Path(smi) if Path(smi).is_absolute() else base / smi)
     asked = SimpleNamespace(**{name: options.get(name) for name in DEPLOYMENT_OPTIONS})
     try:
         served, read = read_live(url, api_key or os.environ.get("VLLM_API_KEY") or None, text, source)

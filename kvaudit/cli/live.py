@@ -27,10 +27,6 @@ DESCRIPTION = ("Read a running server's own endpoints (/metrics: its CacheConfig
                "the server's processes hold (nvidia-smi / npu-smi, run here or given with --smi) against it. "
                "Exit 0 as planned, 1 a finding (over or below the plan, settings other than asked), 3 nothing "
                "measured.")
-SMI_LIMIT = 1 << 20
-"""The most smi output read (a table of 16 devices is under 10 KB)."""
-
-
 def run(a: Any) -> int:
     """Read the server, plan and judge; then, with ``--watch``, read it again every N seconds."""
     from types import SimpleNamespace
@@ -66,64 +62,42 @@ def run(a: Any) -> int:
     sys.stdout.flush()
     note(out.summary_line(report))
     if a.watch is not None:
-        _watch(a, api_key, smi_source)
+        _watch(a, api_key, rerun_smi=a.smi is None and smi_text is not None)
     return report.exit_code
 
 
 def _smi_text(a: Any) -> tuple[str | None, str]:
-    """The smi output: ``--smi FILE`` (``-``: stdin), else nvidia-smi's or npu-smi's run here where the server is
-    this machine and one is installed; ``None`` where there is none (said in a note)."""
-    from kvaudit.jsonfile import read_bytes
-    from kvaudit.server.smi import run_smi
+    """The smi output: ``--smi -`` (stdin), else ``kvaudit.server.live.smi_output``'s (``--smi FILE``, or the tool run
+    here); where there is none, a note says why."""
+    from kvaudit.server.live import smi_output
+    from kvaudit.server.smi import SMI_LIMIT
 
     if a.smi == "-":
         text = sys.stdin.read(SMI_LIMIT + 1)
         if len(text) > SMI_LIMIT or not text.strip():
             raise UsageError(f"--smi -: stdin is {'empty' if not text.strip() else 'larger than 1 MiB'}, not smi output")
         return text, "stdin"
-    if a.smi:
-        raw = read_bytes(a.smi, "smi output", "run nvidia-smi or npu-smi info on the server's host into a file",
-                         limit=SMI_LIMIT)
-        return raw.decode("utf-8", errors="replace"), a.smi
-    if not _local(a.url):
-        note(f"kvaudit: {a.url} is not this machine: give its nvidia-smi / npu-smi output with --smi to judge its "
-             "device memory")
-        return None, ""
-    text, source = run_smi()
+    text, source = smi_output(a.url, a.smi)
     if text is None:
-        note(f"kvaudit: {source}: give the output from the server's host with --smi to judge its device memory")
+        note(f"kvaudit: {source}")
     return text, source
 
 
-def _local(url: str) -> bool:
-    """Whether ``url``'s host is this machine (a loopback address, localhost, or this host's name)."""
-    import ipaddress
-    import socket
-    import urllib.parse
-
-    host = urllib.parse.urlsplit(url if "//" in url else "http://" + url).hostname or ""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _watch(a: Any, api_key: str | None, smi_source: str) -> None:
-    """``--watch N``: /metrics (and the smi, where run here) read again every N seconds, a line each."""
+def _watch(a: Any, api_key: str | None, rerun_smi: bool) -> None:
+    """``--watch N``: /metrics (and the smi, where it was run here) read again every N seconds, a line each."""
     from kvaudit.report.live import watch_line
-    from kvaudit.server.endpoints import read_server
+    from kvaudit.server.endpoints import read_server_metrics, server_base
     from kvaudit.server.live import device_use
     from kvaudit.server.smi import read_smi, run_smi
 
+    base = server_base(a.url)
     reads = 1
     while a.count is None or reads < a.count:
         time.sleep(a.watch)
-        served = read_server(a.url, api_key)
+        metrics = read_server_metrics(base, api_key)
         devices: Any = ()
-        if smi_source.endswith("run here"):
-            text, _ = run_smi()
-            devices = device_use(read_smi(text, smi_source)) if text else ()
-        print(watch_line(time.strftime("%H:%M:%S"), served, devices), flush=True)
+        if rerun_smi:
+            text, source = run_smi()
+            devices = device_use(read_smi(text, source)) if text else ()
+        print(watch_line(time.strftime("%H:%M:%S"), metrics, devices), flush=True)
         reads += 1

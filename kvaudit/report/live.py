@@ -152,10 +152,11 @@ def to_junit(r: Any) -> str:
             f"{escape(summary_line(r))}</system-out></testcase></testsuite></testsuites>\n")
 
 
-def watch_line(when: str, served: Any, devices: Any) -> str:
-    """One re-read for ``--watch``: the time, each engine's KV-cache usage and requests, each device's memory."""
+def watch_line(when: str, metrics: Any, devices: Any) -> str:
+    """One re-read for ``--watch``: the time, each engine's KV-cache usage and requests (``metrics``: the server's
+    ``/metrics`` read), each device's memory."""
     parts = [when]
-    for e in served.metrics.engines:
+    for e in metrics.engines:
         usage = "?" if e.kv_cache_usage is None else f"{e.kv_cache_usage:.1%}"
         parts.append(f"engine {e.engine}: KV {usage}, running {e.running or 0:g}, waiting {e.waiting or 0:g}")
     parts += [f"device {u.index}: {fmt_bytes(u.used_bytes)}" for u in devices]

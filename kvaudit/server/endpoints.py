@@ -123,23 +123,51 @@ def check_url(url: str) -> None:
         raise UsageError(f"{url!r} is not a server's address: give it as http://HOST:PORT (e.g. http://localhost:8000)")
 
 
-def read_server(url: str, api_key: str | None = None, get: Any = None) -> Served:
-    """The server at ``url`` (``http://HOST:PORT``): ``/metrics`` (needed), ``/v1/models``, ``/version`` and
-    ``/server_info`` (each noted where the server does not give it). ``get(url, api_key)`` reads one endpoint
-    (``kvaudit.network.http_get``)."""
-    from kvaudit import network
+def is_local(url: str) -> bool:
+    """Whether ``url``'s host is this machine (a loopback address, localhost, or this host's name)."""
+    import ipaddress
+    import socket
+    import urllib.parse
 
-    get = get or network.http_get
+    host = urllib.parse.urlsplit(url if "//" in url else "http://" + url).hostname or ""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_base(url: str) -> str:
+    """The server's address without an endpoint given with it (``http://host:8000/metrics`` → ``http://host:8000``);
+    one that is not ``http://`` or ``https://`` is refused in one line."""
     check_url(url)
     base = url.rstrip("/")
     for suffix in (METRICS, MODELS, "/v1"):
         base = base.removesuffix(suffix)
+    return base
+
+
+def read_server_metrics(base: str, api_key: str | None = None) -> ServerMetrics:
+    """The server's ``/metrics`` (``base``: its address, as ``server_base`` gives it), read; what ``--watch`` reads
+    again."""
+    from kvaudit.network import http_get
+
+    return read_metrics(http_get(base + METRICS, api_key), f"{base}{METRICS}")
+
+
+def read_server(url: str, api_key: str | None = None) -> Served:
+    """The server at ``url`` (``http://HOST:PORT``): ``/metrics`` (needed), ``/v1/models``, ``/version`` and
+    ``/server_info`` (each noted where the server does not give it), each read by ``kvaudit.network.http_get``."""
+    from kvaudit.network import http_get
+
+    base = server_base(url)
     notes: list[str] = []
-    metrics = read_metrics(get(base + METRICS, api_key), f"{base}{METRICS}")
+    metrics = read_server_metrics(base, api_key)
 
     def optional(endpoint: str, reader: Any, why: str) -> Any:
         try:
-            return reader(get(base + endpoint, api_key))
+            return reader(http_get(base + endpoint, api_key))
         except UsageError as e:
             if "HTTP 404" not in str(e):
                 raise

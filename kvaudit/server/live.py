@@ -41,6 +41,8 @@ class Setting:
     served: Any
     source: str
     asked: Any = None
+    option: str | None = None
+    """The deployment option it sets (``kvaudit.model.options.DEPLOYMENT_OPTIONS``' name: ``util``)."""
 
     @property
     def differs(self) -> bool:
@@ -125,7 +127,7 @@ class LiveReport:
 
     @property
     def tolerance_bytes(self) -> int:
-        return int(OBSERVED_USE_TOLERANCE * self.deployment.device_memory_bytes)
+        return observed_tolerance_bytes(self.deployment)
 
     def to_dict(self) -> dict:
         """JSON form (``kvaudit live --format json``)."""
@@ -162,6 +164,11 @@ class LiveReport:
         }
 
 
+def observed_tolerance_bytes(d: Any) -> int:
+    """How far a device's observed use may be from a signature: ``OBSERVED_USE_TOLERANCE`` of its memory."""
+    return int(OBSERVED_USE_TOLERANCE * d.device_memory_bytes)
+
+
 # -- the served deployment ---------------------------------------------------------------------------------------
 
 
@@ -185,7 +192,7 @@ def served_settings(served: Served, asked: Any) -> tuple[list[Setting], dict[str
     settings: list[Setting] = []
 
     def add(flag: str, name: str, value: Any, source: str) -> None:
-        settings.append(Setting(flag, value, source, getattr(asked, name, None)))
+        settings.append(Setting(flag, value, source, getattr(asked, name, None), name))
 
     add("--gpu-memory-utilization", "util", config.config_float("gpu_memory_utilization"), cache)
     add("--block-size", "block_size", config.config_int("block_size"), cache)
@@ -212,14 +219,7 @@ def served_settings(served: Served, asked: Any) -> tuple[list[Setting], dict[str
     if served.version and is_release(served.version):  # (a build's own string, "dev", is no release to emulate)
         add("vLLM", "vllm_version", served.version, VERSION)
     options = {o: getattr(asked, o) for o in vars(asked) if getattr(asked, o) is not None} if asked else {}
-    flags = {"--gpu-memory-utilization": "util", "--block-size": "block_size", "--kv-cache-dtype": "kv_cache_dtype",
-             "--enable-prefix-caching": "enable_prefix_caching", "--kv-cache-memory": "kv_cache_memory",
-             "--max-model-len": "max_model_len", "--tensor-parallel-size": "tp", "--pipeline-parallel-size": "pp",
-             "--data-parallel-size": "dp", "--dtype": "dtype", "--quantization": "quantization",
-             "vLLM": "vllm_version"}
-    for s in settings:
-        if s.served is not None:
-            options[flags[s.flag]] = s.served
+    options.update({s.option: s.served for s in settings if s.served is not None})
     options["num_blocks"] = blocks
     if others:
         settings.append(Setting("num_gpu_blocks (other engines)", others, cache))
@@ -303,7 +303,7 @@ def judge(d: Any, audits: list[AuditResult], sigs: list[Signature], devices: tup
           settings: list[Setting]) -> tuple[str, list[str], list[str], float | None]:
     """The verdict, its findings, the strategies whose signature matches, and the factor of the KV cache the device
     holds over its plan (where above it)."""
-    tol = int(OBSERVED_USE_TOLERANCE * d.device_memory_bytes)
+    tol = observed_tolerance_bytes(d)
     findings = [f"{s.flag}: the server runs {s.served} ({s.source}); you asked {s.asked}" for s in settings
                 if s.differs]
     for u in devices:
@@ -426,6 +426,27 @@ def served_model(served: Served, model: str | None = None, revision: str | None 
         raise UsageError(f"the server loaded {root!r}, a path on its host: give --model (a Hub id, the model's folder "
                          "or its config.json)")
     return load_model(None, root, revision, trust_remote_code)[0], None
+
+
+def smi_output(url: str, path: Any = None) -> tuple[str | None, str]:
+    """The smi output to judge the server at ``url`` by, and where it came from: the file at ``path`` (nvidia-smi or
+    npu-smi output from the server's host), else the tool run here where ``url`` is this machine; ``(None, why)``
+    where there is none."""
+    from kvaudit.jsonfile import read_bytes
+    from kvaudit.server.endpoints import is_local
+    from kvaudit.server.smi import SMI_LIMIT, run_smi
+
+    if path is not None:
+        raw = read_bytes(path, "smi output", "run nvidia-smi or npu-smi info on the server's host into a file",
+                         limit=SMI_LIMIT)
+        return raw.decode("utf-8", errors="replace"), str(path)
+    if not is_local(url):
+        return None, (f"{url} is not this machine: give its nvidia-smi / npu-smi output with --smi to judge its device "
+                      "memory")
+    text, source = run_smi()
+    if text is None:
+        return None, f"{source}: give the output from the server's host with --smi to judge its device memory"
+    return text, source
 
 
 def read_live(url: str, api_key: str | None = None, smi_text: str | None = None,

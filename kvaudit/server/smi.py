@@ -169,6 +169,8 @@ def _read_csv(text: str, source: str) -> SmiReading:
     return SmiReading("nvidia-smi", tuple(devices), tuple(processes), tuple(notes))
 
 
+SMI_LIMIT = 1 << 20
+"""The most smi output read (a table of 16 devices is under 10 KB)."""
 SMI_COMMANDS = (("nvidia-smi", ("nvidia-smi",)), ("npu-smi", ("npu-smi", "info")))
 """The tools run on this machine when no output is given, in this order."""
 
