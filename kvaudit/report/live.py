@@ -29,8 +29,10 @@ def _model(r: Any) -> str:
 def _rows(r: Any) -> list[tuple[str, str, str]]:
     """(quantity, value, source) rows of the served plan."""
     cap, d = r.capacity, r.deployment
-    planned = "—" if r.planned_blocks is None else (
-        f"{r.planned_blocks:,} ({(r.planned_blocks - r.served_blocks) / max(1, r.served_blocks):+.1%})")
+    def blocks(n: int) -> str:  # a num_blocks beside the served one
+        return f"{n:,} ({(n - r.served_blocks) / max(1, r.served_blocks):+.1%})"
+
+    planned = "—" if r.planned_blocks is None else blocks(r.planned_blocks)
     engine = r.served.metrics.engines[0]
     rows = [("num_gpu_blocks, served", f"{r.served_blocks:,}", "/metrics vllm:cache_config_info"),
             ("num_gpu_blocks, planned", planned,
@@ -46,7 +48,7 @@ def _rows(r: Any) -> list[tuple[str, str, str]]:
                t.source.split(" [")[0]) for t in d.overhead_terms)]
     if r.nearest_era:
         eras, n = r.nearest_era
-        rows.insert(2, (f"num_gpu_blocks, the budget of vLLM {' and '.join(eras)}", f"{n:,} ({(n - r.served_blocks) / r.served_blocks:+.1%})",
+        rows.insert(2, (f"num_gpu_blocks, the budget of vLLM {' and '.join(eras)}", blocks(n),
                         "the nearest of each era's budget formula to the served figure (the first release of each)"))
     if engine.kv_cache_usage is not None:
         rows.append(("KV-cache usage", f"{engine.kv_cache_usage:.1%}", "/metrics"))
